@@ -1,0 +1,21 @@
+"""Framework-neutral lazy IR: nodes, hashing, live values, the graph cut and text dumps."""
+
+from lazy_core.ir import Node, Operand, constant, data_leaf, getitem, scalar_leaf
+from lazy_core.graph import Graph, cut_graph
+from lazy_core.value import Storage, live_storages, pending_storages
+from lazy_core.dump import ir_text
+
+__all__ = [
+    "Graph",
+    "Node",
+    "Operand",
+    "Storage",
+    "constant",
+    "cut_graph",
+    "data_leaf",
+    "getitem",
+    "ir_text",
+    "live_storages",
+    "pending_storages",
+    "scalar_leaf",
+]

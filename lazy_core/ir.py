@@ -1,0 +1,95 @@
+"""IR nodes: immutable ``(op, src, arg, dtype, shape)`` records with structural hashes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Leaf ops. Everything else names an operation of the lowering table (e.g. "aten.add.Tensor").
+DATA = "data"  # a device buffer; hashed by shape and dtype only, never by content or identity
+SCALAR = "scalar"  # a Python number passed as a graph parameter; hashed by dtype only
+CONSTANT = "constant"  # 0 and 1, baked into the graph
+GETITEM = "getitem"  # output ``arg`` of a multi-output node
+
+LEAF_OPS = frozenset((DATA, SCALAR, CONSTANT))
+PARAM_OPS = frozenset((DATA, SCALAR))
+
+
+class Node:
+    """One IR operation. ``dtype``/``shape`` are tuples of per-output entries for multi-output ops.
+
+    ``payload`` carries a leaf's value (device buffer or Python number) and never enters the hash.
+    ``site`` is the user call site that created the node, when debugging records it.
+    """
+
+    __slots__ = ("op", "src", "arg", "dtype", "shape", "hash", "payload", "site", "__weakref__")
+
+    def __init__(
+        self,
+        op: str,
+        src: tuple[Node, ...],
+        arg: Any,
+        dtype: Any,
+        shape: tuple,
+        payload: Any = None,
+    ):
+        self.op = op
+        self.src = src
+        self.arg = arg
+        self.dtype = dtype
+        self.shape = shape
+        self.payload = payload
+        self.site = None
+        self.hash = hash((op, arg, dtype, shape, tuple([s.hash for s in src])))
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.dtype) if isinstance(self.dtype, tuple) else 1
+
+    def __repr__(self) -> str:
+        return f"Node({self.op}, {self.dtype}{list(self.shape)}, #{self.hash & 0xFFFFFFFF:08x})"
+
+
+class Operand:
+    """Marks, inside a node's ``arg`` template, where operand ``src[i]`` goes in the op's call."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Operand and other.i == self.i
+
+    def __hash__(self) -> int:
+        return hash(("Operand", self.i))
+
+    def __repr__(self) -> str:
+        return f"%{self.i}"
+
+
+OPERANDS = tuple(Operand(i) for i in range(256))
+
+
+def operand(i: int) -> Operand:
+    return OPERANDS[i] if i < 256 else Operand(i)
+
+
+def data_leaf(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Node:
+    """A leaf holding a device buffer."""
+    return Node(DATA, (), None, dtype, shape, payload=buffer)
+
+
+def scalar_leaf(value: Any, dtype: str) -> Node:
+    """A Python number that is a graph parameter (changing it never recompiles)."""
+    return Node(SCALAR, (), None, dtype, (), payload=value)
+
+
+def constant(value: Any, dtype: str, wrapped: bool = True) -> Node:
+    """A number baked into the graph (only 0 and 1 are). ``wrapped``: a Python number, as opposed
+    to a 0-dim tensor, which keeps its dtype in type promotion."""
+    return Node(CONSTANT, (), (wrapped, value), dtype, ())
+
+
+def getitem(node: Node, i: int) -> Node:
+    """Output ``i`` of a multi-output node."""
+    return Node(GETITEM, (node,), i, node.dtype[i], node.shape[i])

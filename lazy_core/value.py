@@ -1,0 +1,58 @@
+"""Storages: the current IR value of each live buffer, and the registry of live ones."""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Iterator
+
+from lazy_core.ir import DATA, Node
+
+_live: dict[int, weakref.ref] = {}
+_ids = itertools.count()
+
+
+class Storage:
+    """The current value of one buffer. In-place updates replace ``node``; the object stays.
+
+    Storages register themselves (weakly) so a barrier can find every live value with pending IR;
+    a storage nobody references disappears from the registry and never becomes a graph output.
+    """
+
+    __slots__ = ("node", "device", "id", "__weakref__")
+
+    def __init__(self, node: Node, device: Any):
+        self.node = node
+        self.device = device
+        self.id = next(_ids)
+        _live[self.id] = weakref.ref(self, _forget(self.id))
+
+    @property
+    def pending(self) -> bool:
+        """True while the value is an unexecuted computation rather than a device buffer."""
+        return self.node.op != DATA
+
+    def __repr__(self) -> str:
+        return f"Storage#{self.id}({self.node!r})"
+
+
+def _forget(sid: int):
+    def callback(_ref: weakref.ref) -> None:
+        _live.pop(sid, None)
+
+    return callback
+
+
+def live_storages() -> Iterator[Storage]:
+    """Live storages in creation order (a deterministic order keeps graph keys stable)."""
+    for ref in list(_live.values()):
+        s = ref()
+        if s is not None:
+            yield s
+
+
+def pending_storages(device: Any = None) -> list[Storage]:
+    """Live storages whose value is pending IR, optionally only those on ``device``."""
+    return [
+        s for s in live_storages() if s.node.op != DATA and (device is None or s.device == device)
+    ]

@@ -1,0 +1,45 @@
+"""PyTorch on XLA through lazy tensors: ``model.to('lazy')``, train, ``lazy_torch.mark_step()``.
+
+>>> import torch, lazy_torch
+>>> x = torch.randn(4, 3, device=lazy_torch.device())
+>>> y = (x @ x.T).relu().sum()
+>>> lazy_torch.mark_step()
+>>> y.item() >= 0
+True
+"""
+
+from __future__ import annotations
+
+import torch
+
+import runtime
+from lazy_torch import debug, metrics, ops  # noqa: F401  (ops registers the handlers)
+from lazy_torch.rng import manual_seed
+from lazy_torch.sync import mark_step
+from lazy_torch.tensor import LazyTensor
+
+
+def device(index: int = 0) -> torch.device:
+    """``torch.device('lazy:index')``; ``lazy:N`` runs on the N-th device of the JAX platform."""
+    return torch.device("lazy", index)
+
+
+def device_count() -> int:
+    return len(runtime.devices())
+
+
+def wait_device_ops() -> None:
+    """Block until every dispatched graph has finished running."""
+    runtime.wait_device_ops()
+
+
+__all__ = [
+    "LazyTensor",
+    "debug",
+    "device",
+    "device_count",
+    "manual_seed",
+    "mark_step",
+    "metrics",
+    "wait_device_ops",
+]

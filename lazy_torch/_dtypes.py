@@ -1,0 +1,54 @@
+"""torch <-> IR dtype names and host array conversions."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_TO_NAME = {
+    d: str(d).removeprefix("torch.")
+    for d in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    )
+}
+_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _TO_NAME[dtype]
+    except KeyError:
+        raise TypeError(f"dtype {dtype} is not supported on the lazy device") from None
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _FROM_NAME[name]
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """Host array of a CPU tensor; bfloat16 travels as its uint16 bit pattern."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).numpy()
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """CPU tensor of dtype ``dtype`` from a host array (a copy the tensor owns)."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(np.array(a).view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(a, copy=True))

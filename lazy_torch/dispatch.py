@@ -1,0 +1,401 @@
+"""aten dispatch: record each op as an IR node, derive in-place/out= variants, decompose or fall back.
+
+Every op resolves once to a handler: a special handler (ops.py), a recorded lowering, an in-place or
+out= variant of a recorded op, a ``torch._decomp`` decomposition, or the CPU fallback.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch._decomp import decomposition_table
+
+from lazy_core import Node, Storage, constant, getitem, scalar_leaf
+from lazy_core.ir import operand
+from lazy_torch import fallback as _fallback
+from lazy_torch._dtypes import dtype_name
+from lazy_torch.tensor import LazyTensor, meta_of, wrap
+from lowerings import LOWERINGS
+
+Handler = Callable[[Any, tuple, dict], Any]
+
+_handlers: dict[Any, Handler] = {}
+# Ops whose (functional) result needs runtime-side keyword arguments.
+_MATMUL_OPS = frozenset(
+    f"aten.{n}"
+    for n in (
+        "mm.default",
+        "addmm.default",
+        "bmm.default",
+        "baddbmm.default",
+        "addbmm.default",
+        "matmul.default",
+        "mv.default",
+        "addmv.default",
+        "dot.default",
+        "convolution.default",
+        "convolution_backward.default",
+        "linear.default",
+    )
+)
+_FALLBACK_EXCEPTIONS = (
+    NotImplementedError,
+    torch._subclasses.fake_tensor.DynamicOutputShapeException,
+    torch._subclasses.fake_tensor.DataDependentOutputException,
+)
+
+
+def special(*funcs: Any) -> Callable[[Handler], Handler]:
+    """Register a hand-written handler for ``funcs`` (copy_, _to_copy, sync points, ...)."""
+
+    def register(fn: Handler) -> Handler:
+        for f in funcs:
+            _handlers[f] = fn
+        return fn
+
+    return register
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    handler = _handlers.get(func)
+    if handler is None:
+        handler = _handlers[func] = _resolve(func)
+    return handler(func, args, kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-op plans: which argument slots are Scalars (graph operands) and which are attributes.
+
+
+class _Plan:
+    __slots__ = ("name", "scalar_pos", "scalar_names", "scalars_are_operands", "matmul")
+
+    def __init__(self, func: Any):
+        schema = func._schema
+        self.name = str(func)
+        # Python numbers arrive in Scalar slots and, wrapped, in Tensor slots (``x * 2``).
+        numeric = [str(a.type).rstrip("?") in ("Scalar", "Tensor") for a in schema.arguments]
+        self.scalar_pos: frozenset[int] = frozenset(
+            i for i, a in enumerate(schema.arguments) if numeric[i] and not a.kwarg_only
+        )
+        self.scalar_names: frozenset[str] = frozenset(
+            a.name for i, a in enumerate(schema.arguments) if numeric[i] and a.kwarg_only
+        )
+        # Factories (no tensor argument) bake their Scalars in: they decide the output shape.
+        self.scalars_are_operands = any("Tensor" in str(a.type) for a in schema.arguments)
+        self.matmul = self.name in _MATMUL_OPS
+
+
+_plans: dict[Any, _Plan] = {}
+
+
+def _plan(func: Any) -> _Plan:
+    plan = _plans.get(func)
+    if plan is None:
+        plan = _plans[func] = _Plan(func)
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------
+# Operand collection: one walk over the arguments builds the node template, the operand list,
+# the shape-inference memo key and the device of the op.
+
+
+class _Operands:
+    __slots__ = ("srcs", "keys", "device")
+
+    def __init__(self) -> None:
+        self.srcs: list[Node] = []
+        self.keys: list[Any] = []
+        self.device: int | None = None
+
+    def tensor(self, t: torch.Tensor) -> Any:
+        if type(t) is LazyTensor or isinstance(t, LazyTensor):
+            storage = t._lazy
+            if self.device is None:
+                self.device = storage.device
+            elif storage.device != self.device:
+                _device_mismatch(f"lazy:{self.device}", f"lazy:{storage.device}")
+            self.srcs.append(storage.node)
+            self.keys.append(t._meta)
+            return operand(len(self.srcs) - 1)
+        if t.dim() == 0 and t.device.type == "cpu":
+            value = t.item()
+            dtype = dtype_name(t.dtype)
+            node = (
+                constant(value, dtype, wrapped=False)
+                if _is_constant(value)
+                else scalar_leaf(value, dtype)
+            )
+            self.srcs.append(node)
+            self.keys.append(("cpu_scalar", t.dtype))
+            return operand(len(self.srcs) - 1)
+        _device_mismatch("lazy:0" if self.device is None else f"lazy:{self.device}", str(t.device))
+
+    def node(self, n: Node) -> Any:
+        self.srcs.append(n)
+        return operand(len(self.srcs) - 1)
+
+    def scalar(self, v: Any) -> Any:
+        kind = type(v)
+        dtype = "bool" if kind is bool else "int64" if kind is int else "float64"
+        if kind is complex:
+            dtype = "complex128"
+        node = constant(v, dtype) if _is_constant(v) else scalar_leaf(v, dtype)
+        self.srcs.append(node)
+        self.keys.append(kind)
+        return operand(len(self.srcs) - 1)
+
+
+def _is_constant(v: Any) -> bool:
+    if v == 0:
+        return not (type(v) is float and math.copysign(1.0, v) < 0)
+    return v == 1
+
+
+def _device_mismatch(a: str, b: str) -> None:
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {a} and "
+        f"{b}!"
+    )
+
+
+def _attr(v: Any, ops: _Operands) -> Any:
+    """A non-Scalar argument as a hashable template entry."""
+    if isinstance(v, torch.Tensor):
+        return ops.tensor(v)
+    if isinstance(v, (list, tuple)):
+        return tuple(_attr(x, ops) for x in v)
+    if isinstance(v, torch.dtype):
+        return dtype_name(v)
+    if isinstance(v, (torch.device, torch.layout, torch.memory_format)):
+        return str(v)
+    if isinstance(v, torch.Generator):
+        return None
+    if isinstance(v, torch.SymInt):
+        return int(v)
+    return v
+
+
+_NUMBER = (bool, int, float, complex)
+
+
+def _template(plan: _Plan, args: tuple, kwargs: dict, ops: _Operands) -> tuple[tuple, tuple]:
+    scalar_pos = plan.scalar_pos if plan.scalars_are_operands else ()
+    scalar_names = plan.scalar_names if plan.scalars_are_operands else ()
+    args_t = tuple(
+        ops.scalar(a) if i in scalar_pos and type(a) in _NUMBER else _attr(a, ops)
+        for i, a in enumerate(args)
+    )
+    kwargs_t = tuple(
+        (k, ops.scalar(v) if k in scalar_names and type(v) in _NUMBER else _attr(v, ops))
+        for k, v in kwargs.items()
+    )
+    return args_t, kwargs_t
+
+
+# ----------------------------------------------------------------------------------------------
+# Shape inference: PyTorch's meta kernels, memoized by op and argument metadata.
+
+_meta_cache: dict[Any, Any] = {}
+
+
+def _to_meta(v: Any) -> Any:
+    if isinstance(v, LazyTensor):
+        shape, stride, offset, dtype = v._meta
+        return torch.empty_strided(shape, stride, dtype=dtype, device="meta").as_strided(
+            shape, stride, offset
+        )
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_meta(x) for x in v)
+    if isinstance(v, torch.device) or (isinstance(v, str) and v.startswith("lazy")):
+        return torch.device("meta")
+    return v
+
+
+def _out_meta(out: Any) -> Any:
+    """Output metadata: a Meta, None, or a tuple of those for multi-output ops."""
+    if out is None:
+        return None
+    if isinstance(out, torch.Tensor):
+        return meta_of(out)
+    if isinstance(out, (list, tuple)) and all(o is None or isinstance(o, torch.Tensor) for o in out):
+        return tuple(_out_meta(o) for o in out) if isinstance(out, tuple) else list(
+            _out_meta(o) for o in out
+        )
+    raise NotImplementedError(f"output of type {type(out).__name__} needs a fallback")
+
+
+def infer(func: Any, args: tuple, kwargs: dict, key: Any) -> Any:
+    """Output metadata of ``func`` on these arguments (raises PyTorch's own errors)."""
+    out = _meta_cache.get(key)
+    if out is None:
+        margs = _to_meta(args)
+        mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+        with torch._C._DisableTorchDispatch():
+            result = func(*margs, **mkwargs)
+        out = _meta_cache[key] = _out_meta(result)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Recording.
+
+
+def record(
+    func: Any,
+    args: tuple,
+    kwargs: dict,
+    name: str | None = None,
+    extra: Callable[[_Operands], tuple] | None = None,
+) -> Any:
+    """Record ``func(*args, **kwargs)`` as one IR node and wrap its outputs as lazy tensors.
+
+    ``name`` overrides the node's op (to record an op as another); ``extra`` adds runtime keyword
+    arguments (RNG state, precision) to the template.
+    """
+    plan = _plan(func)
+    ops = _Operands()
+    args_t, kwargs_t = _template(plan, args, kwargs, ops)
+    meta = infer(func, args, kwargs, (func, args_t, kwargs_t, tuple(ops.keys)))
+    if plan.matmul:
+        kwargs_t += (("_precision", _matmul_precision()),)
+    if extra is not None:
+        kwargs_t += extra(ops)
+    device = ops.device if ops.device is not None else _device_of(kwargs)
+    return _wrap_outputs(name or plan.name, tuple(ops.srcs), (args_t, kwargs_t), meta, device)
+
+
+def _wrap_outputs(op: str, srcs: tuple, arg: Any, meta: Any, device: int) -> Any:
+    if _is_single(meta):
+        node = Node(op, srcs, arg, dtype_name(meta[3]), meta[0])
+        return wrap(Storage(node, device), meta)
+    dtypes = tuple(None if m is None else dtype_name(m[3]) for m in meta)
+    shapes = tuple(None if m is None else m[0] for m in meta)
+    node = Node(op, srcs, arg, dtypes, shapes)
+    outs = [
+        None if m is None else wrap(Storage(getitem(node, i), device), m)
+        for i, m in enumerate(meta)
+    ]
+    return tuple(outs) if isinstance(meta, tuple) else outs
+
+
+def _is_single(meta: Any) -> bool:
+    # A Meta is (shape tuple, stride tuple, offset int, dtype); a multi-output entry is a sequence
+    # of Metas or Nones.
+    return type(meta) is tuple and len(meta) == 4 and isinstance(meta[3], torch.dtype)
+
+
+def _device_of(kwargs: dict) -> int:
+    device = kwargs.get("device")
+    if device is None:
+        return 0
+    device = torch.device(device)
+    return device.index or 0
+
+
+def _matmul_precision() -> str:
+    if torch.backends.cuda.matmul.allow_tf32:
+        return "high"
+    return torch.get_float32_matmul_precision()
+
+
+# ----------------------------------------------------------------------------------------------
+# Derived variants: in-place and out= ops are their functional op plus a substitution.
+
+
+def assign(target: LazyTensor, value: LazyTensor) -> None:
+    """Give ``target`` the value of ``value`` (same shape), cast to ``target``'s dtype."""
+    if value.dtype != target.dtype:
+        value = record(torch.ops.aten._to_copy.default, (value,), {"dtype": target.dtype})
+    target._lazy.node = value._lazy.node
+
+
+def _functional_of(func: Any) -> Any:
+    """The functional overload matching in-place or out= ``func``, or None."""
+    packet = func._schema.name.split("::")[1]
+    overload = func._overloadname
+    if packet.endswith("_"):
+        base = getattr(torch.ops.aten, packet[:-1], None)
+        return getattr(base, overload, None) if base is not None else None
+    out_names = [a.name for a in func._schema.arguments if a.is_out]
+    if not out_names:
+        return None
+    base = getattr(torch.ops.aten, packet, None)
+    if base is None:
+        return None
+    wanted = [(a.name, str(a.type)) for a in func._schema.arguments if not a.is_out]
+    for name in base.overloads():
+        cand = getattr(base, name)
+        if any(a.is_out or (a.alias_info and a.alias_info.is_write) for a in cand._schema.arguments):
+            continue
+        if [(a.name, str(a.type)) for a in cand._schema.arguments] == wanted:
+            return cand
+    return None
+
+
+def _inplace(functional: Any) -> Handler:
+    def handle(func: Any, args: tuple, kwargs: dict) -> Any:
+        self = args[0]
+        plan = _plan(func)
+        ops = _Operands()
+        args_t, kwargs_t = _template(plan, args, kwargs, ops)
+        infer(func, args, kwargs, (func, args_t, kwargs_t, tuple(ops.keys)))  # PyTorch's errors
+        assign(self, dispatch(functional, args, kwargs))
+        return self
+
+    return handle
+
+
+def _out(functional: Any) -> Handler:
+    out_names = None
+
+    def handle(func: Any, args: tuple, kwargs: dict) -> Any:
+        nonlocal out_names
+        if out_names is None:
+            out_names = [a.name for a in func._schema.arguments if a.is_out]
+        kwargs = dict(kwargs)
+        outs = [kwargs.pop(n) for n in out_names]
+        result = dispatch(functional, args, kwargs)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for o, r in zip(outs, results):
+            if tuple(o.shape) != tuple(r.shape):
+                raise RuntimeError(
+                    f"lazy: out= tensor of shape {tuple(o.shape)} cannot hold a result of shape "
+                    f"{tuple(r.shape)} (resizing out= tensors is not supported)"
+                )
+            assign(o, r)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return handle
+
+
+def _decomposed(decomp: Callable) -> Handler:
+    def handle(func: Any, args: tuple, kwargs: dict) -> Any:
+        return decomp(*args, **kwargs)
+
+    return handle
+
+
+def _recorded(func: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        return record(func, args, kwargs)
+    except _FALLBACK_EXCEPTIONS:
+        return _fallback.run(func, args, kwargs)
+
+
+def _resolve(func: Any) -> Handler:
+    name = str(func)
+    if name in LOWERINGS:
+        return _recorded
+    functional = _functional_of(func)
+    if functional is not None and (str(functional) in LOWERINGS or functional in decomposition_table):
+        is_inplace = func._schema.name.endswith("_")
+        return _inplace(functional) if is_inplace else _out(functional)
+    decomp = decomposition_table.get(func)
+    if decomp is not None:
+        return _decomposed(decomp)
+    return _fallback.run
+

@@ -1,0 +1,96 @@
+"""CPU fallback: run an op without a lowering in eager CPU PyTorch on materialized inputs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+
+import runtime
+from lazy_torch import tensor as _tensor
+
+_OWN_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, runtime, _tensor)
+)
+_OWN_DIRS += (os.path.dirname(os.path.dirname(os.path.abspath(_tensor.__file__))) + os.sep + "lazy_core",)
+
+
+def user_site() -> str:
+    """``file:line`` of the innermost frame outside torch and this backend."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_OWN_DIRS) and not path.startswith("<"):
+            return f"{path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+def _flat_lazy(v: Any, found: list) -> None:
+    if isinstance(v, _tensor.LazyTensor):
+        found.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _flat_lazy(x, found)
+
+
+def _to_cpu(v: Any) -> Any:
+    if isinstance(v, _tensor.LazyTensor):
+        return _tensor.to_cpu(v, cause="fallback")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_cpu(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "lazy":
+        return torch.device("cpu")
+    return v
+
+
+def _to_lazy(v: Any, device: int) -> Any:
+    if isinstance(v, torch.Tensor):
+        return _tensor.wrap(_tensor.from_cpu(v, device), _tensor.meta_of(v))
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_lazy(x, device) for x in v)
+    return v
+
+
+def run(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Materialize lazy inputs, run ``func`` on CPU, and move results (and mutations) back."""
+    name = f"fallback::{func}"
+    runtime.metrics.count(name)
+    runtime.metrics.site(name, user_site())
+    lazy_inputs: list = []
+    _flat_lazy((args, tuple(kwargs.values())), lazy_inputs)
+    _tensor.materialize(lazy_inputs, cause="fallback")
+    device = lazy_inputs[0]._lazy.device if lazy_inputs else _device_index(kwargs)
+    cpu_args = _to_cpu(args)
+    cpu_kwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
+    out = func(*cpu_args, **cpu_kwargs)
+
+    # Write mutated arguments back, and return the lazy tensor itself where the op returns it.
+    returned: dict[int, Any] = {}
+    schema = func._schema
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        if a.kwarg_only:
+            lazy_arg, cpu_arg = kwargs.get(a.name), cpu_kwargs.get(a.name)
+        else:
+            if i >= len(args):
+                continue
+            lazy_arg, cpu_arg = args[i], cpu_args[i]
+        if isinstance(lazy_arg, _tensor.LazyTensor):
+            lazy_arg._lazy.node = _tensor.from_cpu(cpu_arg, lazy_arg._lazy.device).node
+            returned[id(cpu_arg)] = lazy_arg
+    if isinstance(out, torch.Tensor) and id(out) in returned:
+        return returned[id(out)]
+    if isinstance(out, (tuple, list)):
+        return type(out)(
+            returned[id(o)] if id(o) in returned else _to_lazy(o, device) for o in out
+        )
+    return _to_lazy(out, device)
+
+
+def _device_index(kwargs: dict) -> int:
+    device = kwargs.get("device")
+    return (torch.device(device).index or 0) if device is not None else 0

@@ -1,0 +1,145 @@
+"""Hand-written handlers: factories, aliases, copies and transfers, sync points, random ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lazy_torch import rng
+from lazy_torch.dispatch import assign, dispatch, record, special
+from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, wrap
+
+aten = torch.ops.aten
+
+# Factories reach the backend through these two kernels of the Lazy dispatch key; everything
+# after them (fill_, normal_, copy_, ...) arrives at LazyTensor.__torch_dispatch__.
+_lib = torch.library.Library("aten", "IMPL")
+
+
+def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+    if memory_format is not None:
+        kwargs["memory_format"] = memory_format
+    return record(aten.empty.memory_format, (tuple(size),), kwargs)
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+    return record(aten.empty_strided.default, (tuple(size), tuple(stride)), kwargs)
+
+
+_lib.impl("empty.memory_format", _empty, "Lazy")
+_lib.impl("empty_strided", _empty_strided, "Lazy")
+
+
+@special(aten.detach.default, aten.alias.default)
+def _share(func, args, kwargs):
+    # Identity views share the storage: a write through either is seen by both.
+    t = args[0]
+    return wrap(t._lazy, t._meta)
+
+
+def _lazy_index(device: Any) -> int | None:
+    if device is None:
+        return None
+    device = torch.device(device)
+    return (device.index or 0) if device.type == "lazy" else None
+
+
+@special(aten._to_copy.default)
+def _to_copy(func, args, kwargs):
+    x = args[0]
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type != "lazy":
+        cpu_kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+        return aten._to_copy.default(to_cpu(x), **cpu_kwargs).to(device)
+    target = _lazy_index(device)
+    if target is not None and target != x._lazy.device:
+        return _to_copy(func, (wrap(from_cpu(to_cpu(x), target), x._meta),), kwargs)
+    return record(func, args, kwargs)
+
+
+def _copy_into(self: LazyTensor, src: torch.Tensor) -> LazyTensor:
+    """``self.copy_(src)``: broadcast, cast, and transfer when ``src`` lives elsewhere."""
+    with torch._C._DisableTorchDispatch():  # PyTorch's own broadcast error
+        torch.empty(self.shape, dtype=self.dtype, device="meta").copy_(
+            torch.empty(src.shape, dtype=src.dtype, device="meta")
+        )
+    if not isinstance(src, LazyTensor):
+        value = src.detach().to(self.dtype).expand(self.shape)
+        storage = from_cpu(value, self._lazy.device)
+        self._lazy.node = storage.node
+        return self
+    if src._lazy.device != self._lazy.device:
+        src = wrap(from_cpu(to_cpu(src), self._lazy.device), src._meta)
+    if tuple(src.shape) != tuple(self.shape):
+        src = record(aten.expand.default, (src, tuple(self.shape)), {})
+    assign(self, src)
+    return self
+
+
+@special(aten.copy_.default)
+def _copy_(func, args, kwargs):
+    self, src = args[0], args[1]
+    if isinstance(self, LazyTensor):
+        return _copy_into(self, src)
+    return self.copy_(to_cpu(src), *args[2:], **kwargs)
+
+
+@special(aten._local_scalar_dense.default)
+def _item(func, args, kwargs):
+    return to_cpu(args[0], cause="item").item()
+
+
+def _rng_operands(ops) -> tuple:
+    state, index = rng.draw(ops.device if ops.device is not None else 0)
+    return (("_rng", ops.node(state)), ("_rng_index", index))
+
+
+@special(
+    aten.normal_.default,
+    aten.uniform_.default,
+    aten.bernoulli_.float,
+    aten.bernoulli_.Tensor,
+    aten.random_.default,
+    aten.random_.to,
+    getattr(aten.random_, "from"),
+    aten.exponential_.default,
+)
+def _random_inplace(func, args, kwargs):
+    self = args[0]
+    assign(self, record(func, args, kwargs, extra=_rng_operands))
+    return self
+
+
+@special(
+    aten.bernoulli.default,
+    aten.bernoulli.p,
+    aten.bernoulli.Tensor,
+    aten.native_dropout.default,
+    aten.normal.Tensor_float,
+    aten.normal.float_Tensor,
+    aten.normal.Tensor_Tensor,
+)
+def _random(func, args, kwargs):
+    return record(func, args, kwargs, extra=_rng_operands)
+
+
+@special(aten.native_batch_norm.default)
+def _native_batch_norm(func, args, kwargs):
+    # Training updates running stats in place: record the functional form, then substitute.
+    input, weight, bias, running_mean, running_var, training, momentum, eps = (
+        list(args) + [kwargs.get(k) for k in ("training", "momentum", "eps")][len(args) - 5 :]
+    )[:8]
+    if not training or running_mean is None:
+        return record(func, args, kwargs)
+    out, mean, invstd, new_mean, new_var = dispatch(
+        aten._native_batch_norm_legit_functional.default,
+        (input, weight, bias, running_mean, running_var, training, momentum, eps),
+        {},
+    )
+    assign(running_mean, new_mean)
+    assign(running_var, new_var)
+    return out, mean, invstd
+

@@ -1,0 +1,101 @@
+"""The torch.Tensor subclass on device 'lazy': a wrapper whose value is a lazy_core Storage."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+import runtime
+from lazy_core import Storage, data_leaf
+from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy
+from lazy_torch.sync import sync
+
+# Shape, strides, storage offset and dtype as eager PyTorch would report them.
+Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]
+
+
+class LazyTensor(torch.Tensor):
+    """A tensor on device ``lazy:N``. Its value is ``_lazy.node``: device data or pending IR."""
+
+    _lazy: Storage
+    _meta: Meta
+
+    @staticmethod
+    def __new__(cls, storage: Storage, meta: Meta, requires_grad: bool = False) -> LazyTensor:
+        shape, stride, offset, dtype = meta
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            shape,
+            strides=stride,
+            storage_offset=offset,
+            dtype=dtype,
+            device=torch.device("lazy", storage.device),
+            requires_grad=requires_grad,
+        )
+        r._lazy = storage
+        r._meta = meta
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        cpu = to_cpu(self, cause="print")
+        body = tensor_contents or torch._tensor_str._tensor_str(cpu, len("tensor("))
+        text = torch._tensor_str._str_intern(self, tensor_contents=body)
+        return "tensor(" + text.removeprefix(type(self).__name__ + "(")
+
+    def numpy(self, *, force: bool = False):
+        return to_cpu(self, cause="numpy").numpy()
+
+    def tolist(self):
+        return to_cpu(self, cause="tolist").tolist()
+
+    def __reduce_ex__(self, protocol):
+        # Pickles (torch.save) hold plain CPU tensors, never device-specific objects.
+        return to_cpu(self, cause="save").__reduce_ex__(protocol)
+
+
+def contiguous_stride(shape: Iterable[int]) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for n in reversed(tuple(shape)):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(stride))
+
+
+def meta_of(t: torch.Tensor) -> Meta:
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+
+
+def wrap(storage: Storage, meta: Meta) -> LazyTensor:
+    return LazyTensor(storage, meta)
+
+
+def from_cpu(t: torch.Tensor, device: int) -> Storage:
+    """Start a host-to-device copy of CPU tensor ``t``; the storage holds its logical value."""
+    name = dtype_name(t.dtype)
+    buffer = runtime.to_device(to_numpy(t), device, name)
+    return Storage(data_leaf(buffer, name, tuple(t.shape)), device)
+
+
+def materialize(tensors: Iterable[LazyTensor], cause: str) -> None:
+    sync([t._lazy for t in tensors], cause)
+
+
+def to_cpu(t: LazyTensor, cause: str = "cpu") -> torch.Tensor:
+    """The value of ``t`` as a CPU tensor with ``t``'s strides (waits for the device)."""
+    sync([t._lazy], cause)
+    node = t._lazy.node
+    out = from_numpy(runtime.to_host(node.payload), t.dtype)
+    shape, stride, _, _ = t._meta
+    if stride != contiguous_stride(shape) and out.numel() > 1:
+        out = torch.empty_strided(shape, stride, dtype=t.dtype).copy_(out)
+    return out
+
+
+from lazy_torch.dispatch import dispatch as _dispatch  # noqa: E402

@@ -1,0 +1,116 @@
+"""Lowerings: random ops, drawing from ``ctx.rng_key`` (derived from the device RNG state)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lowerings.dtypes import cast
+from lowerings.registry import lowering
+
+
+@lowering("lazy.rng_advance")
+def _rng_advance(ctx, state, draws):
+    key = jax.random.fold_in(jax.random.wrap_key_data(state), draws)
+    return jax.random.key_data(key)
+
+
+def _float_dtype(dtype):
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
+
+
+def _uniform(ctx, low=0.0, high=1.0):
+    # Sample in at least float32: bfloat16 uniforms straight from bits are too coarse.
+    dt = jnp.promote_types(_float_dtype(ctx.dtype), jnp.float32)
+    u = jax.random.uniform(ctx.rng_key, ctx.shape, dt)
+    return u * (cast(high, dt) - cast(low, dt)) + cast(low, dt)
+
+
+@lowering("aten.uniform_.default", "aten.uniform.default")
+def _uniform_op(ctx, self=None, from_=0.0, to=1.0, *, generator=None, **kw):
+    return _uniform(ctx, kw.get("from", from_), to).astype(ctx.dtype)
+
+
+@lowering("aten.normal_.default")
+def _normal_(ctx, self=None, mean=0.0, std=1.0, *, generator=None):
+    dt = jnp.promote_types(_float_dtype(ctx.dtype), jnp.float32)
+    z = jax.random.normal(ctx.rng_key, ctx.shape, dt)
+    return (z * cast(std, dt) + cast(mean, dt)).astype(ctx.dtype)
+
+
+@lowering(
+    "aten.normal.Tensor_float",
+    "aten.normal.float_Tensor",
+    "aten.normal.Tensor_Tensor",
+    "aten.normal.float_float",
+)
+def _normal(ctx, mean=0.0, std=1.0, size=None, *, generator=None, **_):
+    dt = jnp.promote_types(_float_dtype(ctx.dtype), jnp.float32)
+    z = jax.random.normal(ctx.rng_key, ctx.shape, dt)
+    return (z * cast(std, dt) + cast(mean, dt)).astype(ctx.dtype)
+
+
+@lowering("aten.bernoulli_.float", "aten.bernoulli.p")
+def _bernoulli_p(ctx, self=None, p=0.5, *, generator=None):
+    return (_uniform(ctx) < cast(p, jnp.float32)).astype(ctx.dtype)
+
+
+@lowering("aten.bernoulli_.Tensor", "aten.bernoulli.Tensor")
+def _bernoulli_t(ctx, self, p, *, generator=None):
+    return (_uniform(ctx) < p.astype(jnp.float32)).astype(ctx.dtype)
+
+
+@lowering("aten.bernoulli.default")
+def _bernoulli(ctx, self, *, generator=None):
+    return (_uniform(ctx) < self.astype(jnp.float32)).astype(ctx.dtype)
+
+
+@lowering("aten.exponential_.default")
+def _exponential(ctx, self=None, lambd=1.0, *, generator=None):
+    dt = jnp.promote_types(_float_dtype(ctx.dtype), jnp.float32)
+    e = jax.random.exponential(ctx.rng_key, ctx.shape, dt)
+    return (e / cast(lambd, dt)).astype(ctx.dtype)
+
+
+def _int_bounds(ctx, low, high):
+    if high is None:
+        if ctx.dtype == jnp.bool_:
+            return 0, 2
+        if jnp.issubdtype(ctx.dtype, jnp.floating):
+            # PyTorch draws integers up to 2**mantissa bits for floating dtypes.
+            return 0, 2 ** (jnp.finfo(ctx.dtype).nmant + 1) + 1
+        return 0, jnp.iinfo(ctx.dtype).max
+    return low, high
+
+
+def _randint(ctx, low, high):
+    low, high = _int_bounds(ctx, low, high)
+    draw = jax.random.randint(
+        ctx.rng_key, ctx.shape, cast(low, jnp.int64), cast(high, jnp.int64), jnp.int64
+    )
+    return draw.astype(ctx.dtype)
+
+
+@lowering("aten.random_.default")
+def _random(ctx, self=None, *, generator=None):
+    return _randint(ctx, 0, None)
+
+
+@lowering("aten.random_.to")
+def _random_to(ctx, self, to, *, generator=None):
+    return _randint(ctx, 0, to)
+
+
+@lowering("aten.random_.from")
+def _random_from(ctx, self, from_, to=None, *, generator=None):
+    return _randint(ctx, from_, to)
+
+
+@lowering("aten.native_dropout.default")
+def _native_dropout(ctx, input, p, train):
+    if train is False:
+        return input, jnp.ones(ctx.shapes[1], jnp.bool_)
+    keep = _uniform(ctx) >= p
+    scale = 1.0 / (1.0 - p) if p < 1 else 0.0
+    out = jnp.where(keep, input * jnp.asarray(scale, input.dtype), jnp.zeros((), input.dtype))
+    return out, keep

@@ -1,0 +1,21 @@
+"""Runtime: cut graph -> StableHLO -> cached XLA executable; device buffers, transfers, metrics."""
+
+from runtime import config, metrics
+from runtime.device import device, devices, to_device, to_host
+from runtime.executor import GraphError, run_graph, stablehlo_text, wait_device_ops
+from runtime.program import rng_state
+
+
+__all__ = [
+    "GraphError",
+    "config",
+    "device",
+    "devices",
+    "metrics",
+    "rng_state",
+    "run_graph",
+    "stablehlo_text",
+    "to_device",
+    "to_host",
+    "wait_device_ops",
+]

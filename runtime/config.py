@@ -1,0 +1,17 @@
+"""Environment-backed settings, read once at import."""
+
+from __future__ import annotations
+
+import os
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+# PJRT platform: cpu, gpu (cuda/rocm) or tpu; empty means JAX's default backend.
+PLATFORM: str = os.environ.get("LAZY_PLATFORM", "").strip().lower()
+# One stderr line per compile and execution, with its cause.
+DEBUG: bool = _flag("LAZY_DEBUG")
+# Directory of the persistent executable cache; empty turns it off.
+CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()

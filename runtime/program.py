@@ -1,0 +1,91 @@
+"""A cut graph's plan -> a JAX function that applies the lowering table node by node."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, Operand
+from lowerings import LOWERINGS, LoweringContext
+
+# Keyword arguments a front end adds to a node's template for the runtime, not for the lowering.
+_PRECISION = "_precision"
+_RNG = "_rng"
+_RNG_INDEX = "_rng_index"
+
+
+def _fill(template: Any, values: Sequence[Any]) -> Any:
+    if type(template) is Operand:
+        return values[template.i]
+    if type(template) is tuple:
+        return tuple(_fill(t, values) for t in template)
+    return template
+
+
+def rng_key(state: Any, index: int) -> Any:
+    """The PRNG key of the ``index``-th random op drawn from RNG ``state`` (raw key data)."""
+    return jax.random.fold_in(jax.random.wrap_key_data(state), index)
+
+
+def rng_state(seed: int) -> np.ndarray:
+    """Raw PRNG key data for ``seed`` (a host array): the device RNG state after a manual seed."""
+    return np.asarray(jax.random.key_data(jax.random.key(seed)))
+
+
+def _apply(op: str, arg: Any, dtype: Any, shape: Any, operands: list, scalar_ids: tuple) -> Any:
+    try:
+        fn = LOWERINGS[op]
+    except KeyError:
+        raise NotImplementedError(f"no lowering for {op}") from None
+    args_t, kwargs_t = arg
+    args = _fill(args_t, operands)
+    kwargs = {k: _fill(v, operands) for k, v in kwargs_t}
+    precision = kwargs.pop(_PRECISION, "highest")
+    state = kwargs.pop(_RNG, None)
+    key = rng_key(state, kwargs.pop(_RNG_INDEX, 0)) if state is not None else None
+    multi = isinstance(dtype, tuple)
+    ctx = LoweringContext(
+        shapes=shape if multi else (shape,),
+        dtypes=dtype if multi else (dtype,),
+        precision=precision,
+        rng_key=key,
+        scalars=scalar_ids,
+    )
+    out = fn(ctx, *args, **kwargs)
+    if multi:
+        return tuple(_checked(op, o, s, d) for o, s, d in zip(out, ctx.shapes, ctx.dtypes))
+    return _checked(op, out, ctx.shape, ctx.dtype)
+
+
+def _checked(op: str, out: Any, shape: tuple, dtype: np.dtype) -> Any:
+    if out is None:
+        return None
+    out = jnp.asarray(out)
+    if out.shape != tuple(shape):
+        raise AssertionError(f"lowering of {op} gave shape {out.shape}, expected {tuple(shape)}")
+    return out if out.dtype == dtype else out.astype(dtype)
+
+
+def build_function(plan: tuple[tuple, ...], outputs: tuple[int, ...]) -> Callable[..., tuple]:
+    """The JAX function computing ``outputs`` of ``plan`` from the graph parameters."""
+
+    def run(*params: Any) -> tuple:
+        scalars = tuple(params[a] for op, a, *_ in plan if op == SCALAR)
+        env: list[Any] = []
+        for op, arg, dtype, shape, src in plan:
+            if op == DATA or op == SCALAR:
+                value = params[arg]
+            elif op == CONSTANT:
+                wrapped, number = arg
+                value = number if wrapped else jnp.asarray(number, dtype=dtype)
+            elif op == GETITEM:
+                value = env[src[0]][arg]
+            else:
+                value = _apply(op, arg, dtype, shape, [env[s] for s in src], scalars)
+            env.append(value)
+        return tuple(env[i] for i in outputs)
+
+    return run
