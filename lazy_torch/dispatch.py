@@ -76,7 +76,7 @@ class _Plan:
         schema = func._schema
         self.name = str(func)
         # Python numbers arrive in Scalar slots and, wrapped, in Tensor slots (``x * 2``).
-        numeric = [str(a.type).rstrip("?") in ("Scalar", "Tensor") for a in schema.arguments]
+        numeric = [_is_numeric(a.type) for a in schema.arguments]
         self.scalar_pos: frozenset[int] = frozenset(
             i for i, a in enumerate(schema.arguments) if numeric[i] and not a.kwarg_only
         )
@@ -86,6 +86,12 @@ class _Plan:
         # Factories (no tensor argument) bake their Scalars in: they decide the output shape.
         self.scalars_are_operands = any("Tensor" in str(a.type) for a in schema.arguments)
         self.matmul = self.name in _MATMUL_OPS
+
+
+def _is_numeric(t: Any) -> bool:
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, (torch._C.NumberType, torch._C.TensorType))
 
 
 _plans: dict[Any, _Plan] = {}
@@ -397,5 +403,8 @@ def _resolve(func: Any) -> Handler:
     decomp = decomposition_table.get(func)
     if decomp is not None:
         return _decomposed(decomp)
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        # Composite ops called from inside a handler or decomposition arrive undecomposed.
+        return _decomposed(func.decompose)
     return _fallback.run
 
