@@ -240,10 +240,33 @@ def infer(func: Any, args: tuple, kwargs: dict, key: Any) -> Any:
     if out is None:
         margs = _to_meta(args)
         mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
-        with torch._C._DisableTorchDispatch():
-            result = func(*margs, **mkwargs)
+        try:
+            with torch._C._DisableTorchDispatch():
+                result = func(*margs, **mkwargs)
+        except _FALLBACK_EXCEPTIONS:
+            raise
+        except Exception as meta_error:
+            _raise_eager_error(func, margs, mkwargs)
+            raise meta_error
         out = _meta_cache[key] = _out_meta(result)
     return out
+
+
+def _raise_eager_error(func: Any, margs: Any, mkwargs: dict) -> None:
+    """Raise the error eager CPU PyTorch gives for these shapes: meta kernels word some differently."""
+
+    def cpu(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.device.type == "meta":
+            return torch.zeros(v.shape, dtype=v.dtype)
+        if isinstance(v, (list, tuple)):
+            return type(v)(cpu(x) for x in v)
+        return torch.device("cpu") if isinstance(v, torch.device) else v
+
+    try:
+        with torch._C._DisableTorchDispatch():
+            func(*cpu(margs), **{k: cpu(v) for k, v in mkwargs.items()})
+    except Exception as eager_error:
+        raise eager_error.with_traceback(None) from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,15 +342,21 @@ def assign(target: LazyTensor, value: LazyTensor) -> None:
     target._lazy.node = value._lazy.node
 
 
+_TENSOR_OPTIONS = ("dtype", "layout", "device", "pin_memory")
+
+
 def _functional_of(func: Any) -> Any:
-    """The functional overload matching in-place or out= ``func``, or None."""
+    """The functional overload matching in-place or out= ``func``, or None.
+
+    An out= factory (``arange.start_out``) matches a functional overload that takes tensor
+    options instead of ``out`` (``arange.start_step``); the out tensor supplies them.
+    """
     packet = func._schema.name.split("::")[1]
     overload = func._overloadname
     if packet.endswith("_"):
         base = getattr(torch.ops.aten, packet[:-1], None)
         return getattr(base, overload, None) if base is not None else None
-    out_names = [a.name for a in func._schema.arguments if a.is_out]
-    if not out_names:
+    if not any(a.is_out for a in func._schema.arguments):
         return None
     base = getattr(torch.ops.aten, packet, None)
     if base is None:
@@ -335,9 +364,11 @@ def _functional_of(func: Any) -> Any:
     wanted = [(a.name, str(a.type)) for a in func._schema.arguments if not a.is_out]
     for name in base.overloads():
         cand = getattr(base, name)
-        if any(a.is_out or (a.alias_info and a.alias_info.is_write) for a in cand._schema.arguments):
+        args = cand._schema.arguments
+        if any(a.is_out or (a.alias_info and a.alias_info.is_write) for a in args):
             continue
-        if [(a.name, str(a.type)) for a in cand._schema.arguments] == wanted:
+        sig = [(a.name, str(a.type)) for a in args if a.name not in _TENSOR_OPTIONS]
+        if sig == wanted:
             return cand
     return None
 
@@ -357,6 +388,7 @@ def _inplace(functional: Any) -> Handler:
 
 def _out(functional: Any) -> Handler:
     out_names = None
+    takes_options = any(a.name == "dtype" for a in functional._schema.arguments)
 
     def handle(func: Any, args: tuple, kwargs: dict) -> Any:
         nonlocal out_names
@@ -364,8 +396,14 @@ def _out(functional: Any) -> Handler:
             out_names = [a.name for a in func._schema.arguments if a.is_out]
         kwargs = dict(kwargs)
         outs = [kwargs.pop(n) for n in out_names]
+        if takes_options:
+            kwargs.update(dtype=outs[0].dtype, device=outs[0].device)
         result = dispatch(functional, args, kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
+        if len(outs) == 1 and outs[0].numel() == 0 and tuple(outs[0].shape) != tuple(result.shape):
+            # The factory idiom ``arange_out(empty(0), ...)``: eager resizes the fresh out tensor.
+            # A wrapper's sizes are fixed, so the result itself is returned in its place.
+            return result
         for o, r in zip(outs, results):
             if tuple(o.shape) != tuple(r.shape):
                 raise RuntimeError(

@@ -33,6 +33,19 @@ _lib.impl("empty.memory_format", _empty, "Lazy")
 _lib.impl("empty_strided", _empty_strided, "Lazy")
 
 
+def _factory(func):
+    def kernel(*args, **kwargs):
+        return record(func, args, kwargs)
+
+    return kernel
+
+
+# Factories whose eager implementation resizes an out= tensor are recorded directly instead.
+for _name in ("arange", "arange.start", "arange.start_step", "linspace", "eye", "eye.m"):
+    _packet, _, _overload = _name.partition(".")
+    _lib.impl(_name, _factory(getattr(getattr(aten, _packet), _overload or "default")), "Lazy")
+
+
 @special(aten.detach.default, aten.alias.default)
 def _share(func, args, kwargs):
     # Identity views share the storage: a write through either is seen by both.

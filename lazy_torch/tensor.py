@@ -94,7 +94,9 @@ def to_cpu(t: LazyTensor, cause: str = "cpu") -> torch.Tensor:
     out = from_numpy(runtime.to_host(node.payload), t.dtype)
     shape, stride, _, _ = t._meta
     if stride != contiguous_stride(shape) and out.numel() > 1:
-        out = torch.empty_strided(shape, stride, dtype=t.dtype).copy_(out)
+        # Eager's copy keeps the strides of a dense layout and makes overlapping ones contiguous.
+        layout = torch.empty_like(torch.empty_strided(shape, stride, device="meta")).stride()
+        out = torch.empty_strided(shape, layout, dtype=t.dtype).copy_(out)
     return out
 
 

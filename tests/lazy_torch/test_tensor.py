@@ -1,0 +1,132 @@
+"""Lazy tensors against eager CPU: creation, sync points, printing, errors, fallback."""
+
+import pytest
+import torch
+
+import lazy_torch
+import runtime
+from lowerings import LOWERINGS
+
+
+def test_factories_and_transfers_match_eager():
+    cpu = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    x = cpu.to("lazy")
+    assert isinstance(x, lazy_torch.LazyTensor) and x.device == torch.device("lazy", 0)
+    assert torch.equal(x.cpu(), cpu)
+    for make in (torch.zeros, torch.ones):
+        got = make(2, 3, dtype=torch.int64, device="lazy")
+        assert torch.equal(got.cpu(), make(2, 3, dtype=torch.int64))
+    full = torch.full((2, 2), 2.5, device="lazy", dtype=torch.float64)
+    assert full.dtype == torch.float64 and torch.equal(full.cpu(), torch.full((2, 2), 2.5, dtype=torch.float64))
+    assert torch.equal(torch.arange(5, device="lazy").cpu(), torch.arange(5))
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.bfloat16]
+)
+def test_dtypes_are_preserved_exactly(dtype):
+    cpu = (torch.arange(6) - 2).to(dtype).reshape(2, 3)
+    got = (cpu.to("lazy") * 1).cpu() if dtype != torch.bool else cpu.to("lazy").clone().cpu()
+    assert got.dtype == dtype
+    assert torch.equal(got, cpu * 1 if dtype != torch.bool else cpu)
+    big = torch.tensor([2**62 + 1], dtype=torch.int64)
+    assert (big.to("lazy") + 1).item() == 2**62 + 2
+
+
+def test_sync_points_return_eager_values_and_tensor_stays_usable():
+    cpu = torch.tensor([[1.5, -2.0], [3.0, 4.25]])
+    x = cpu.to("lazy") * 2
+    assert x.sum().item() == (cpu * 2).sum().item()
+    assert x.tolist() == (cpu * 2).tolist()
+    assert bool((x > 0).any()) is True
+    assert (x.numpy() == (cpu * 2).numpy()).all()
+    assert torch.equal(x.to("cpu"), cpu * 2)
+    assert torch.equal((x + 1).cpu(), cpu * 2 + 1)
+
+
+def test_print_matches_eager_with_device_suffix():
+    cpu = torch.tensor([[1.0, 2.5], [-3.0, 4.0]], requires_grad=True)
+    lazy = cpu.detach().to("lazy").requires_grad_()
+    expected = repr(cpu).replace("requires_grad=True", "device='lazy:0', requires_grad=True")
+    assert repr(lazy) == expected
+    y = lazy * 2
+    assert str(y) == str(cpu * 2).replace("grad_fn", "device='lazy:0', grad_fn")
+    assert str(torch.arange(3, device="lazy")) == "tensor([0, 1, 2], device='lazy:0')"
+
+
+def test_strides_reported_like_eager():
+    cpu = torch.randn(3, 4, 5)
+    lazy = cpu.to("lazy")
+    for f in (lambda t: t.transpose(0, 2), lambda t: t.permute(2, 0, 1), lambda t: t[:, 1:3],
+              lambda t: t.transpose(0, 1).contiguous(), lambda t: t.expand(2, 3, 4, 5)):
+        e, g = f(cpu), f(lazy)
+        assert (g.shape, g.stride(), g.is_contiguous()) == (e.shape, e.stride(), e.is_contiguous())
+        assert torch.equal(g.cpu(), e)
+
+
+def test_mixing_with_cpu_tensor_raises_device_mismatch():
+    x = torch.ones(3, device="lazy")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x + torch.ones(3)
+    # 0-dim CPU tensors are scalars, as in eager CUDA.
+    assert torch.equal((x * torch.tensor(2.0)).cpu(), torch.full((3,), 2.0))
+
+
+def test_shape_error_raised_at_the_op_with_pytorchs_message():
+    a, b = torch.ones(2, 3), torch.ones(4, 5)
+    with pytest.raises(RuntimeError) as eager:
+        a @ b
+    with pytest.raises(RuntimeError) as lazy:
+        a.to("lazy") @ b.to("lazy")
+    assert str(lazy.value) == str(eager.value)
+
+
+def test_scalars_are_parameters_not_constants():
+    x = torch.ones(4, device="lazy")
+    for lr in (0.1, 0.2, 0.3, 0.4):
+        (x * lr + lr).sum().item()
+    assert lazy_torch.metrics.counters()["compiles"] == 1
+    assert lazy_torch.metrics.counters()["cache_hits"] == 3
+    assert "scalar" in lazy_torch.debug.ir_text(x * 0.5) and "constant(1)" in lazy_torch.debug.ir_text(x * 1)
+
+
+def test_fallback_op_runs_on_cpu_and_is_counted():
+    cpu = torch.tensor([3.0, -1.0, 0.0, 2.0])
+    x = cpu.to("lazy")
+    got = torch.nonzero(x)
+    assert isinstance(got, lazy_torch.LazyTensor)
+    assert torch.equal(got.cpu(), torch.nonzero(cpu))
+    counters = lazy_torch.metrics.counters()
+    assert counters["fallback::aten.nonzero.default"] == 1
+    assert "test_tensor.py" in lazy_torch.metrics.report()
+
+
+def test_failed_compile_leaves_values_intact(monkeypatch):
+    x = torch.tensor([1.0, 2.0]).to("lazy")
+    y = x * 3
+    original = LOWERINGS["aten.mul.Tensor"]
+
+    def broken(ctx, *args):
+        raise ValueError("boom")
+
+    monkeypatch.setitem(LOWERINGS, "aten.mul.Tensor", broken)
+    with pytest.raises(runtime.GraphError, match=r"graph [0-9a-f]{16} \(\d+ nodes\).*boom"):
+        lazy_torch.mark_step()
+    monkeypatch.setitem(LOWERINGS, "aten.mul.Tensor", original)
+    assert y.tolist() == [3.0, 6.0]
+    assert x.tolist() == [1.0, 2.0]
+
+
+def test_mark_step_is_asynchronous_and_wait_device_ops_blocks():
+    x = torch.randn(256, 256, device="lazy")
+    for _ in range(5):
+        x = x @ x / 256
+    lazy_torch.mark_step()
+    lazy_torch.wait_device_ops()
+    assert x.isfinite().all().item()
+
+
+def test_device_api():
+    assert lazy_torch.device() == torch.device("lazy:0")
+    assert lazy_torch.device(1) == torch.device("lazy:1")
+    assert lazy_torch.device_count() == len(runtime.devices()) >= 1
