@@ -49,22 +49,23 @@ class Node:
         return f"Node({self.op}, {self.dtype}{list(self.shape)}, #{self.hash & 0xFFFFFFFF:08x})"
 
 
-class Operand:
-    """Marks, inside a node's ``arg`` template, where operand ``src[i]`` goes in the op's call."""
+class Operand(tuple):
+    """Marks, inside a node's ``arg`` template, where operand ``src[i]`` goes in the op's call.
 
-    __slots__ = ("i",)
+    A tuple underneath so templates hash in C (this is on the per-op tracing path).
+    """
 
-    def __init__(self, i: int):
-        self.i = i
+    __slots__ = ()
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Operand and other.i == self.i
+    def __new__(cls, i: int) -> Operand:
+        return tuple.__new__(cls, ("%", i))
 
-    def __hash__(self) -> int:
-        return hash(("Operand", self.i))
+    @property
+    def i(self) -> int:
+        return self[1]
 
     def __repr__(self) -> str:
-        return f"%{self.i}"
+        return f"%{self[1]}"
 
 
 OPERANDS = tuple(Operand(i) for i in range(256))

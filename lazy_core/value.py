@@ -25,7 +25,7 @@ class Storage:
         self.node = node
         self.device = device
         self.id = next(_ids)
-        _live[self.id] = weakref.ref(self, _forget(self.id))
+        _live[self.id] = weakref.KeyedRef(self, _forget, self.id)
 
     @property
     def pending(self) -> bool:
@@ -36,11 +36,8 @@ class Storage:
         return f"Storage#{self.id}({self.node!r})"
 
 
-def _forget(sid: int):
-    def callback(_ref: weakref.ref) -> None:
-        _live.pop(sid, None)
-
-    return callback
+def _forget(ref: weakref.KeyedRef) -> None:
+    _live.pop(ref.key, None)
 
 
 def live_storages() -> Iterator[Storage]:

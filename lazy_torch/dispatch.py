@@ -118,7 +118,7 @@ class _Operands:
         self.device: int | None = None
 
     def tensor(self, t: torch.Tensor) -> Any:
-        if type(t) is LazyTensor or isinstance(t, LazyTensor):
+        if isinstance(t, LazyTensor):
             storage = t._lazy
             if self.device is None:
                 self.device = storage.device
@@ -168,8 +168,13 @@ def _device_mismatch(a: str, b: str) -> None:
     )
 
 
+_PLAIN = (int, str, type(None), bool, float)
+
+
 def _attr(v: Any, ops: _Operands) -> Any:
     """A non-Scalar argument as a hashable template entry."""
+    if type(v) in _PLAIN:
+        return v
     if isinstance(v, torch.Tensor):
         return ops.tensor(v)
     if isinstance(v, (list, tuple)):
@@ -192,8 +197,14 @@ def _template(plan: _Plan, args: tuple, kwargs: dict, ops: _Operands) -> tuple[t
     scalar_pos = plan.scalar_pos if plan.scalars_are_operands else ()
     scalar_names = plan.scalar_names if plan.scalars_are_operands else ()
     args_t = tuple(
-        ops.scalar(a) if i in scalar_pos and type(a) in _NUMBER else _attr(a, ops)
-        for i, a in enumerate(args)
+        [
+            ops.tensor(a)
+            if type(a) is LazyTensor
+            else ops.scalar(a)
+            if i in scalar_pos and type(a) in _NUMBER
+            else _attr(a, ops)
+            for i, a in enumerate(args)
+        ]
     )
     kwargs_t = tuple(
         (k, ops.scalar(v) if k in scalar_names and type(v) in _NUMBER else _attr(v, ops))

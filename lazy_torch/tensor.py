@@ -15,6 +15,9 @@ from lazy_torch.sync import sync
 Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]
 
 
+_DEVICES = [torch.device("lazy", i) for i in range(64)]
+
+
 class LazyTensor(torch.Tensor):
     """A tensor on device ``lazy:N``. Its value is ``_lazy.node``: device data or pending IR."""
 
@@ -30,7 +33,7 @@ class LazyTensor(torch.Tensor):
             strides=stride,
             storage_offset=offset,
             dtype=dtype,
-            device=torch.device("lazy", storage.device),
+            device=_DEVICES[storage.device],
             requires_grad=requires_grad,
         )
         r._lazy = storage

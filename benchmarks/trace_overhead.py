@@ -1,0 +1,83 @@
+"""Tracing cost: microseconds per recorded aten op, for an elementwise chain and an MLP step.
+
+Prints medians over several repetitions (the machines are shared and noisy); nothing is executed
+inside the timed region (mark_step runs outside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lazy_torch
+from lazy_core import cut_graph, pending_storages
+
+
+def _recorded_ops() -> int:
+    """Non-leaf nodes of the pending graph: the ops traced since the last barrier."""
+    graph = cut_graph([s.node for s in pending_storages()])
+    return sum(1 for n in graph.nodes if n.src)
+
+
+def elementwise_chain(length: int) -> tuple[float, int]:
+    x = torch.randn(128, 128, device="lazy")
+    lazy_torch.mark_step(wait=True)
+    start = time.perf_counter()
+    y = x
+    for i in range(length // 4):
+        y = y * 1.001
+        y = y + x
+        y = y.relu()
+        y = y - 0.5
+    elapsed = time.perf_counter() - start
+    ops = _recorded_ops()
+    lazy_torch.mark_step(wait=True)
+    return elapsed, ops
+
+
+def mlp_step(model: nn.Module, opt: torch.optim.Optimizer, x, y) -> tuple[float, int]:
+    lazy_torch.mark_step(wait=True)
+    start = time.perf_counter()
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    elapsed = time.perf_counter() - start
+    ops = _recorded_ops()
+    lazy_torch.mark_step(wait=True)
+    return elapsed, ops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--chain", type=int, default=2000)
+    args = parser.parse_args()
+
+    elementwise_chain(args.chain)  # warm the shape-inference memo and the executable cache
+    runs = [elementwise_chain(args.chain) for _ in range(args.repeats)]
+    per_op = statistics.median(t / n for t, n in runs) * 1e6
+    print(f"elementwise chain: {runs[0][1]} ops, {per_op:.2f} us/op (median of {args.repeats})")
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 10)).to("lazy")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256).to("lazy"), torch.randint(0, 10, (64,)).to("lazy")
+    for _ in range(3):
+        mlp_step(model, opt, x, y)
+    runs = [mlp_step(model, opt, x, y) for _ in range(args.repeats)]
+    step = statistics.median(t for t, _ in runs)
+    print(
+        f"MLP 256-512-512-10 AdamW step: {runs[0][1]} ops, trace {step * 1e3:.2f} ms, "
+        f"{step / runs[0][1] * 1e6:.2f} us/op (median of {args.repeats})"
+    )
+
+
+if __name__ == "__main__":
+    main()
