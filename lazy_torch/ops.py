@@ -142,9 +142,7 @@ def _random(func, args, kwargs):
 @special(aten.native_batch_norm.default)
 def _native_batch_norm(func, args, kwargs):
     # Training updates running stats in place: record the functional form, then substitute.
-    input, weight, bias, running_mean, running_var, training, momentum, eps = (
-        list(args) + [kwargs.get(k) for k in ("training", "momentum", "eps")][len(args) - 5 :]
-    )[:8]
+    input, weight, bias, running_mean, running_var, training, momentum, eps = args  # no defaults
     if not training or running_mean is None:
         return record(func, args, kwargs)
     out, mean, invstd, new_mean, new_var = dispatch(
