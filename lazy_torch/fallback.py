@@ -28,12 +28,14 @@ def user_site() -> str:
     return "<unknown>"
 
 
-def _flat_lazy(v: Any, found: list) -> None:
+def _flat_tensors(v: Any, lazy: list, other: list) -> None:
     if isinstance(v, _tensor.LazyTensor):
-        found.append(v)
+        lazy.append(v)
+    elif isinstance(v, torch.Tensor):
+        other.append(v)
     elif isinstance(v, (list, tuple)):
         for x in v:
-            _flat_lazy(x, found)
+            _flat_tensors(x, lazy, other)
 
 
 def _to_cpu(v: Any) -> Any:
@@ -60,7 +62,14 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
     runtime.metrics.count(name)
     runtime.metrics.site(name, user_site())
     lazy_inputs: list = []
-    _flat_lazy((args, tuple(kwargs.values())), lazy_inputs)
+    other_inputs: list = []
+    _flat_tensors((args, tuple(kwargs.values())), lazy_inputs, other_inputs)
+    stray = [t for t in other_inputs if t.dim() > 0]
+    if lazy_inputs and stray:
+        raise RuntimeError(
+            "Expected all tensors to be on the same device, but found at least two devices, "
+            f"{lazy_inputs[0].device} and {stray[0].device}!"
+        )
     _tensor.materialize(lazy_inputs, cause="fallback")
     device = lazy_inputs[0]._lazy.device if lazy_inputs else _device_index(kwargs)
     cpu_args = _to_cpu(args)
