@@ -11,8 +11,8 @@ import statistics
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import lazy_torch
 from lazy_core import cut_graph, pending_storages
@@ -65,8 +65,9 @@ def main() -> None:
     print(f"elementwise chain: {runs[0][1]} ops, {per_op:.2f} us/op (median of {args.repeats})")
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 10)).to("lazy")
+    model = nn.Sequential(
+        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    ).to("lazy")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(64, 256).to("lazy"), torch.randint(0, 10, (64,)).to("lazy")
     for _ in range(3):

@@ -4,8 +4,8 @@ import argparse
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import lazy_torch
 
@@ -29,7 +29,11 @@ def main() -> None:
     device = lazy_torch.device()
     x, y = synthetic_data(8192, 32, 10)
     model = nn.Sequential(
-        nn.Linear(32, 256), nn.ReLU(), nn.Dropout(0.1), nn.Linear(256, 256), nn.ReLU(),
+        nn.Linear(32, 256),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Linear(256, 256),
+        nn.ReLU(),
         nn.Linear(256, 10),
     ).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from lazy_core.graph import cut_graph
 from lazy_core.ir import CONSTANT, DATA, SCALAR, Node, Operand

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from lazy_core.ir import DATA, PARAM_OPS, Node
 
@@ -92,7 +93,5 @@ def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
                     params.append(node)
                 uses.append(param_pos[ident])
 
-    key = hash(
-        (tuple(r.hash for r in unique_roots), tuple(uses), len(order), salt)
-    )
+    key = hash((tuple(r.hash for r in unique_roots), tuple(uses), len(order), salt))
     return Graph(tuple(unique_roots), tuple(order), tuple(params), key)

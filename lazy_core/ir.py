@@ -21,7 +21,7 @@ class Node:
     ``site`` is the user call site that created the node, when debugging records it.
     """
 
-    __slots__ = ("op", "src", "arg", "dtype", "shape", "hash", "payload", "site", "__weakref__")
+    __slots__ = ("__weakref__", "arg", "dtype", "hash", "op", "payload", "shape", "site", "src")
 
     def __init__(
         self,

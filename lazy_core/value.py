@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from lazy_core.ir import DATA, Node
 
@@ -19,7 +20,7 @@ class Storage:
     a storage nobody references disappears from the registry and never becomes a graph output.
     """
 
-    __slots__ = ("node", "device", "id", "__weakref__")
+    __slots__ = ("__weakref__", "device", "id", "node")
 
     def __init__(self, node: Node, device: Any):
         self.node = node

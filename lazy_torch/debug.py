@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import runtime
-from lazy_core import cut_graph, ir_text as _ir_text
+from lazy_core import cut_graph
+from lazy_core import ir_text as _ir_text
 from lazy_torch.tensor import LazyTensor
 
 

@@ -7,7 +7,8 @@ out= variant of a recorded op, a ``torch._decomp`` decomposition, or the CPU fal
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._decomp import decomposition_table
@@ -70,7 +71,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 class _Plan:
-    __slots__ = ("name", "scalar_pos", "scalar_names", "scalars_are_operands", "matmul")
+    __slots__ = ("matmul", "name", "scalar_names", "scalar_pos", "scalars_are_operands")
 
     def __init__(self, func: Any):
         schema = func._schema
@@ -110,7 +111,7 @@ def _plan(func: Any) -> _Plan:
 
 
 class _Operands:
-    __slots__ = ("srcs", "keys", "device")
+    __slots__ = ("device", "keys", "srcs")
 
     def __init__(self) -> None:
         self.srcs: list[Node] = []
@@ -238,9 +239,13 @@ def _out_meta(out: Any) -> Any:
         return None
     if isinstance(out, torch.Tensor):
         return meta_of(out)
-    if isinstance(out, (list, tuple)) and all(o is None or isinstance(o, torch.Tensor) for o in out):
-        return tuple(_out_meta(o) for o in out) if isinstance(out, tuple) else list(
-            _out_meta(o) for o in out
+    if isinstance(out, (list, tuple)) and all(
+        o is None or isinstance(o, torch.Tensor) for o in out
+    ):
+        return (
+            tuple(_out_meta(o) for o in out)
+            if isinstance(out, tuple)
+            else [_out_meta(o) for o in out]
         )
     raise NotImplementedError(f"output of type {type(out).__name__} needs a fallback")
 
@@ -256,9 +261,9 @@ def infer(func: Any, args: tuple, kwargs: dict, key: Any) -> Any:
                 result = func(*margs, **mkwargs)
         except _FALLBACK_EXCEPTIONS:
             raise
-        except Exception as meta_error:
+        except Exception:
             _raise_eager_error(func, margs, mkwargs)
-            raise meta_error
+            raise
         out = _meta_cache[key] = _out_meta(result)
     return out
 
@@ -446,7 +451,9 @@ def _resolve(func: Any) -> Handler:
     if name in LOWERINGS:
         return _recorded
     functional = _functional_of(func)
-    if functional is not None and (str(functional) in LOWERINGS or functional in decomposition_table):
+    if functional is not None and (
+        str(functional) in LOWERINGS or functional in decomposition_table
+    ):
         is_inplace = func._schema.name.endswith("_")
         return _inplace(functional) if is_inplace else _out(functional)
     decomp = decomposition_table.get(func)
@@ -456,4 +463,3 @@ def _resolve(func: Any) -> Handler:
         # Composite ops called from inside a handler or decomposition arrive undecomposed.
         return _decomposed(func.decompose)
     return _fallback.run
-

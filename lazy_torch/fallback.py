@@ -14,7 +14,9 @@ from lazy_torch import tensor as _tensor
 _OWN_DIRS = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, runtime, _tensor)
 )
-_OWN_DIRS += (os.path.dirname(os.path.dirname(os.path.abspath(_tensor.__file__))) + os.sep + "lazy_core",)
+_OWN_DIRS += (
+    os.path.dirname(os.path.dirname(os.path.abspath(_tensor.__file__))) + os.sep + "lazy_core",
+)
 
 
 def user_site() -> str:
@@ -94,9 +96,7 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
     if isinstance(out, torch.Tensor) and id(out) in returned:
         return returned[id(out)]
     if isinstance(out, (tuple, list)):
-        return type(out)(
-            returned[id(o)] if id(o) in returned else _to_lazy(o, device) for o in out
-        )
+        return type(out)(returned[id(o)] if id(o) in returned else _to_lazy(o, device) for o in out)
     return _to_lazy(out, device)
 
 

@@ -153,4 +153,3 @@ def _native_batch_norm(func, args, kwargs):
     assign(running_mean, new_mean)
     assign(running_var, new_var)
     return out, mean, invstd
-

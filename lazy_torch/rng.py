@@ -14,7 +14,7 @@ _ADVANCE = "lazy.rng_advance"
 
 
 class _DeviceRng:
-    __slots__ = ("storage", "draws")
+    __slots__ = ("draws", "storage")
 
     def __init__(self, device: int, seed: int):
         state = runtime.rng_state(seed)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import runtime
 from lazy_core import Storage, cut_graph, data_leaf, pending_storages

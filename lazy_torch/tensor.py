@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -103,4 +104,4 @@ def to_cpu(t: LazyTensor, cause: str = "cpu") -> torch.Tensor:
     return out
 
 
-from lazy_torch.dispatch import dispatch as _dispatch  # noqa: E402
+from lazy_torch.dispatch import dispatch as _dispatch

@@ -26,9 +26,7 @@ lowering(
 )(_zeros)
 
 
-@lowering(
-    "aten.ones.default", "aten.ones_like.default", "aten.new_ones.default"
-)
+@lowering("aten.ones.default", "aten.ones_like.default", "aten.new_ones.default")
 def _ones(ctx, *args, **kwargs):
     return jnp.ones(ctx.shape, ctx.dtype)
 
@@ -57,7 +55,9 @@ def _arange(ctx, *args, **kwargs):
         start, step = args[0], args[2] if len(args) > 2 else kwargs.get("step", 1)
     n = ctx.shape[0]
     if jnp.issubdtype(ctx.dtype, jnp.integer):
-        return jnp.asarray(start, jnp.int64) + jnp.arange(n, dtype=jnp.int64).astype(ctx.dtype) * step
+        return (
+            jnp.asarray(start, jnp.int64) + jnp.arange(n, dtype=jnp.int64).astype(ctx.dtype) * step
+        )
     # PyTorch computes start + i * step in double precision, then casts.
     return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(ctx.dtype)
 

@@ -7,7 +7,6 @@ from jax import lax
 
 from lowerings.registry import lowering
 
-
 # Functionalized "_copy" twins (view_copy, permute_copy, ...) lower like their views.
 
 
@@ -56,8 +55,11 @@ def _t(ctx, self):
     return self.T
 
 
-@lowering(*_twins("aten.squeeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
-                  "aten.unsqueeze.default"))
+@lowering(
+    *_twins(
+        "aten.squeeze.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze.default"
+    )
+)
 def _reshape_only(ctx, self, *args):
     return jnp.reshape(self, ctx.shape)
 
@@ -166,7 +168,9 @@ def _split_with_sizes(ctx, self, split_sizes, dim=0):
 @lowering(*_twins("aten.unbind.int"))
 def _unbind(ctx, self, dim=0):
     dim = dim % self.ndim
-    return tuple(lax.index_in_dim(self, i, axis=dim, keepdims=False) for i in range(self.shape[dim]))
+    return tuple(
+        lax.index_in_dim(self, i, axis=dim, keepdims=False) for i in range(self.shape[dim])
+    )
 
 
 @lowering("aten.flip.default")

@@ -12,7 +12,8 @@ Conventions every lowering follows (see lowerings/__init__.py for the full contr
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -48,7 +49,7 @@ _PRECISIONS = {
 class LoweringContext:
     """What a lowering may know about the node it lowers besides its operands."""
 
-    __slots__ = ("shapes", "dtypes", "precision", "rng_key", "_scalar_ids")
+    __slots__ = ("_scalar_ids", "dtypes", "precision", "rng_key", "shapes")
 
     def __init__(
         self,

@@ -5,7 +5,6 @@ from runtime.device import device, devices, to_device, to_host
 from runtime.executor import GraphError, run_graph, stablehlo_text, wait_device_ops
 from runtime.program import rng_state
 
-
 __all__ = [
     "GraphError",
     "config",

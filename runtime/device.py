@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import jax
@@ -11,7 +11,7 @@ import numpy as np
 from runtime import config, metrics
 
 
-@lru_cache(maxsize=None)
+@cache
 def devices() -> tuple[Any, ...]:
     """The JAX devices of the configured platform; ``lazy:N`` is the N-th."""
     return tuple(jax.devices(config.PLATFORM) if config.PLATFORM else jax.devices())

@@ -126,5 +126,3 @@ __all__ = [
     "stablehlo_text",
     "wait_device_ops",
 ]
-
-

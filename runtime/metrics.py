@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import statistics
-from typing import Iterable
+from collections.abc import Iterable
 
 _counters: collections.Counter[str] = collections.Counter()
 _timings: dict[str, list[float]] = collections.defaultdict(list)

@@ -2,8 +2,16 @@
 
 import gc
 
-from lazy_core import Node, Storage, constant, cut_graph, data_leaf, ir_text, pending_storages
-from lazy_core import scalar_leaf
+from lazy_core import (
+    Node,
+    Storage,
+    constant,
+    cut_graph,
+    data_leaf,
+    ir_text,
+    pending_storages,
+    scalar_leaf,
+)
 from lazy_core.ir import Operand
 
 

@@ -5,22 +5,26 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import lazy_torch
 
 
 def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 32), nn.GELU(), nn.Linear(32, 5))
+    return nn.Sequential(
+        nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 32), nn.GELU(), nn.Linear(32, 5)
+    )
 
 
 class SmallCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        # No conv bias before batch norm: its gradient is pure rounding noise, which Adam would
+        # amplify into lr-sized steps that differ between any two correct implementations.
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(8)
-        self.conv2 = nn.Conv2d(8, 16, 3, stride=1, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=1, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(16)
         self.fc = nn.Linear(16 * 4 * 4, 5)
 
@@ -33,8 +37,10 @@ class SmallCNN(nn.Module):
 def data(kind: str, steps: int, batch: int = 16, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     shape = (batch, 20) if kind == "mlp" else (batch, 3, 16, 16)
-    return [(torch.randn(*shape, generator=g), torch.randint(0, 5, (batch,), generator=g))
-            for _ in range(steps)]
+    return [
+        (torch.randn(*shape, generator=g), torch.randint(0, 5, (batch,), generator=g))
+        for _ in range(steps)
+    ]
 
 
 def make_optimizer(name: str, params):

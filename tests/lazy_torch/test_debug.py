@@ -24,8 +24,13 @@ def test_counters_use_the_contract_names():
     (x + 2).sum().item()
     lazy_torch.mark_step()
     counters = lazy_torch.metrics.counters()
-    for key in ("compiles", "executions", "mark_steps", "transfers_to_device",
-                "transfers_from_device"):
+    for key in (
+        "compiles",
+        "executions",
+        "mark_steps",
+        "transfers_to_device",
+        "transfers_from_device",
+    ):
         assert counters.get(key, 0) >= 1, key
     assert "compiles" in lazy_torch.metrics.report()
     lazy_torch.metrics.reset()

@@ -17,7 +17,9 @@ def test_factories_and_transfers_match_eager():
         got = make(2, 3, dtype=torch.int64, device="lazy")
         assert torch.equal(got.cpu(), make(2, 3, dtype=torch.int64))
     full = torch.full((2, 2), 2.5, device="lazy", dtype=torch.float64)
-    assert full.dtype == torch.float64 and torch.equal(full.cpu(), torch.full((2, 2), 2.5, dtype=torch.float64))
+    assert full.dtype == torch.float64 and torch.equal(
+        full.cpu(), torch.full((2, 2), 2.5, dtype=torch.float64)
+    )
     assert torch.equal(torch.arange(5, device="lazy").cpu(), torch.arange(5))
 
 
@@ -57,8 +59,13 @@ def test_print_matches_eager_with_device_suffix():
 def test_strides_reported_like_eager():
     cpu = torch.randn(3, 4, 5)
     lazy = cpu.to("lazy")
-    for f in (lambda t: t.transpose(0, 2), lambda t: t.permute(2, 0, 1), lambda t: t[:, 1:3],
-              lambda t: t.transpose(0, 1).contiguous(), lambda t: t.expand(2, 3, 4, 5)):
+    for f in (
+        lambda t: t.transpose(0, 2),
+        lambda t: t.permute(2, 0, 1),
+        lambda t: t[:, 1:3],
+        lambda t: t.transpose(0, 1).contiguous(),
+        lambda t: t.expand(2, 3, 4, 5),
+    ):
         e, g = f(cpu), f(lazy)
         assert (g.shape, g.stride(), g.is_contiguous()) == (e.shape, e.stride(), e.is_contiguous())
         assert torch.equal(g.cpu(), e)
@@ -87,7 +94,9 @@ def test_scalars_are_parameters_not_constants():
         (x * lr + lr).sum().item()
     assert lazy_torch.metrics.counters()["compiles"] == 1
     assert lazy_torch.metrics.counters()["cache_hits"] == 3
-    assert "scalar" in lazy_torch.debug.ir_text(x * 0.5) and "constant(1)" in lazy_torch.debug.ir_text(x * 1)
+    assert "scalar" in lazy_torch.debug.ir_text(
+        x * 0.5
+    ) and "constant(1)" in lazy_torch.debug.ir_text(x * 1)
 
 
 def test_fallback_op_runs_on_cpu_and_is_counted():

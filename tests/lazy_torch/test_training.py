@@ -24,7 +24,9 @@ def test_training_matches_eager(kind, optimizer):
 
     lazy_losses, lazy_state = train(model, batches, optimizer, "lazy", on_step=record)
 
-    torch.testing.assert_close(torch.tensor(lazy_losses), torch.tensor(eager_losses), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(lazy_losses), torch.tensor(eager_losses), rtol=1e-4, atol=1e-5
+    )
     for name, value in eager_state.items():
         got = lazy_state[name]
         assert got.dtype == value.dtype and got.shape == value.shape, name
