@@ -342,8 +342,7 @@ def _device_of(kwargs: dict) -> int:
 
 
 def _matmul_precision() -> str:
-    if torch.backends.cuda.matmul.allow_tf32:
-        return "high"
+    # ``allow_tf32 = True`` sets this to "high" too.
     return torch.get_float32_matmul_precision()
 
 

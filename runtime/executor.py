@@ -29,6 +29,10 @@ class Executable:
 
 
 _cache: dict[Any, Executable] = {}
+if config.CACHE_DIR:
+    # XLA executables persist across processes in JAX's compilation cache.
+    jax.config.update("jax_compilation_cache_dir", config.CACHE_DIR)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 _in_flight: list[jax.Array] = []
 
 
