@@ -438,7 +438,8 @@ def _decomposed(decomp: Callable) -> Handler:
     return handle
 
 
-def _recorded(func: Any, args: tuple, kwargs: dict) -> Any:
+def recorded(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Record ``func`` as a node, or run it on the CPU fallback when it cannot be recorded."""
     try:
         return record(func, args, kwargs)
     except _FALLBACK_EXCEPTIONS:
@@ -448,7 +449,7 @@ def _recorded(func: Any, args: tuple, kwargs: dict) -> Any:
 def _resolve(func: Any) -> Handler:
     name = str(func)
     if name in LOWERINGS:
-        return _recorded
+        return recorded
     functional = _functional_of(func)
     if functional is not None and (
         str(functional) in LOWERINGS or functional in decomposition_table

@@ -139,3 +139,19 @@ def test_device_api():
     assert lazy_torch.device() == torch.device("lazy:0")
     assert lazy_torch.device(1) == torch.device("lazy:1")
     assert lazy_torch.device_count() == len(runtime.devices()) >= 1
+
+
+def test_boolean_mask_indexing_matches_eager():
+    cpu = torch.randn(4, 5)
+    x = cpu.to("lazy")
+    expected, got = cpu.clone(), x.clone()
+    expected[cpu > 0] = 0.0
+    got[x > 0] = 0.0  # a select: no sync
+    assert torch.equal(got.cpu(), expected)
+    assert "fallback::aten.nonzero.default" not in lazy_torch.metrics.counters()
+    assert torch.equal(x[x > 0].cpu(), cpu[cpu > 0])  # data-dependent shape: syncs, stays correct
+    rows = (cpu[:, 0] > 0).to("lazy")
+    expected, got = cpu.clone(), x.clone()
+    expected[rows.cpu()] = torch.ones(5)
+    got[rows] = torch.ones(5, device="lazy")
+    assert torch.equal(got.cpu(), expected)
