@@ -147,13 +147,21 @@ class _Operands:
 
     def scalar(self, v: Any) -> Any:
         kind = type(v)
-        dtype = "bool" if kind is bool else "int64" if kind is int else "float64"
-        if kind is complex:
-            dtype = "complex128"
-        node = constant(v, dtype) if _is_constant(v) else scalar_leaf(v, dtype)
+        dtype = _SCALAR_DTYPES[kind]
+        if _is_constant(v):
+            node = _constants.get((kind, v))
+            if node is None:
+                node = _constants[(kind, v)] = constant(v, dtype)
+        else:
+            node = scalar_leaf(v, dtype)
         self.srcs.append(node)
         self.keys.append(kind)
         return operand(len(self.srcs) - 1)
+
+
+_SCALAR_DTYPES = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
+# Constant leaves carry no payload, so one node per value serves every graph.
+_constants: dict[tuple, Node] = {}
 
 
 def _is_constant(v: Any) -> bool:
@@ -207,9 +215,13 @@ def _template(plan: _Plan, args: tuple, kwargs: dict, ops: _Operands) -> tuple[t
             for i, a in enumerate(args)
         ]
     )
+    if not kwargs:
+        return args_t, ()
     kwargs_t = tuple(
-        (k, ops.scalar(v) if k in scalar_names and type(v) in _NUMBER else _attr(v, ops))
-        for k, v in kwargs.items()
+        [
+            (k, ops.scalar(v) if k in scalar_names and type(v) in _NUMBER else _attr(v, ops))
+            for k, v in kwargs.items()
+        ]
     )
     return args_t, kwargs_t
 

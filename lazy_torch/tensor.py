@@ -77,7 +77,7 @@ def meta_of(t: torch.Tensor) -> Meta:
 
 
 def wrap(storage: Storage, meta: Meta) -> LazyTensor:
-    return LazyTensor(storage, meta)
+    return LazyTensor.__new__(LazyTensor, storage, meta)
 
 
 def from_cpu(t: torch.Tensor, device: int) -> Storage:
