@@ -13,12 +13,13 @@ from typing import Any
 import torch
 from torch._decomp import decomposition_table
 
+import runtime
+
 from lazy_core import Node, Storage, constant, getitem, scalar_leaf
 from lazy_core.ir import operand
 from lazy_torch import fallback as _fallback
 from lazy_torch._dtypes import dtype_name
 from lazy_torch.tensor import LazyTensor, meta_of, wrap
-from lowerings import LOWERINGS
 
 Handler = Callable[[Any, tuple, dict], Any]
 
@@ -460,11 +461,11 @@ def recorded(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _resolve(func: Any) -> Handler:
     name = str(func)
-    if name in LOWERINGS:
+    if runtime.has_lowering(name):
         return recorded
     functional = _functional_of(func)
     if functional is not None and (
-        str(functional) in LOWERINGS or functional in decomposition_table
+        runtime.has_lowering(str(functional)) or functional in decomposition_table
     ):
         is_inplace = func._schema.name.endswith("_")
         return _inplace(functional) if is_inplace else _out(functional)

@@ -3,11 +3,12 @@
 from runtime import config, metrics
 from runtime.device import device, devices, to_device, to_host
 from runtime.executor import GraphError, run_graph, stablehlo_text, wait_device_ops
-from runtime.program import rng_state
+from runtime.program import has_lowering, rng_state
 
 __all__ = [
     "GraphError",
     "config",
+    "has_lowering",
     "device",
     "devices",
     "metrics",

@@ -31,6 +31,11 @@ def rng_key(state: Any, index: int) -> Any:
     return jax.random.fold_in(jax.random.wrap_key_data(state), index)
 
 
+def has_lowering(op: str) -> bool:
+    """True when graphs containing ``op`` can be compiled."""
+    return op in LOWERINGS
+
+
 def rng_state(seed: int) -> np.ndarray:
     """Raw PRNG key data for ``seed`` (a host array): the device RNG state after a manual seed."""
     return np.asarray(jax.random.key_data(jax.random.key(seed)))

@@ -7,23 +7,13 @@ import math
 import pytest
 import torch
 
-from tests.lowerings.util import check_lowering
+from tests.lowerings.util import check_lowering, make
 
 aten = torch.ops.aten
 NAN, INF = math.nan, math.inf
 BF16_TOL = {"atol": 1e-2, "rtol": 1.6e-2}
 
 SPECIAL = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.5, 1e-30, 1e30, 88.0])
-
-
-def make(shape, dtype=torch.float32, low=-3.0, high=3.0, seed=0):
-    """Deterministic test input of ``dtype`` with values in [low, high]."""
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if not dtype.is_floating_point:
-        return torch.randint(int(low), int(high) + 1, shape, generator=g).to(dtype)
-    return (torch.rand(shape, generator=g) * (high - low) + low).to(dtype)
 
 
 # --- unary -----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tests.lowerings.util import check_lowering
+from tests.lowerings.util import check_lowering, make
 
 aten = torch.ops.aten
 NAN, INF = math.nan, math.inf
@@ -15,16 +15,6 @@ BF16_TOL = {"atol": 2e-2, "rtol": 1.6e-2}
 
 # (dim, keepdim) cases for a 3-d input; dims may be negative, repeated orders, or absent.
 DIMS = [(None, False), ((), False), (1, False), (-1, True), ((0, 2), False), ((-1, 0), True)]
-
-
-def make(shape, dtype=torch.float32, low=-3.0, high=3.0, seed=0):
-    """Deterministic test input of ``dtype`` with values in [low, high]."""
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if not dtype.is_floating_point:
-        return torch.randint(int(low), int(high) + 1, shape, generator=g).to(dtype)
-    return (torch.rand(shape, generator=g) * (high - low) + low).to(dtype)
 
 
 def as_list(dim):

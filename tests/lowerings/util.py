@@ -104,3 +104,13 @@ def check_lowering(op, *args, atol=1e-5, rtol=1e-5, **kwargs):
         assert g.dtype == e.dtype, (g.dtype, e.dtype)
         assert g.shape == e.shape, (g.shape, e.shape)
         torch.testing.assert_close(g, e, atol=atol, rtol=rtol, equal_nan=True)
+
+
+def make(shape, dtype=torch.float32, low=-3.0, high=3.0, seed=0):
+    """Deterministic test input of ``dtype`` with values in [low, high]."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if not dtype.is_floating_point:
+        return torch.randint(int(low), int(high) + 1, shape, generator=g).to(dtype)
+    return (torch.rand(shape, generator=g) * (high - low) + low).to(dtype)
