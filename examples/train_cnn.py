@@ -34,10 +34,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--print-every", type=int, default=20)
+    parser.add_argument("--device", default="lazy", help="'lazy' (default) or 'cpu' for eager")
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    device = lazy_torch.device()
+    device = torch.device(args.device)
     g = torch.Generator().manual_seed(0)
     templates = torch.randn(10, 3, 32, 32, generator=g)  # one noisy template per class
     model = Net().to(device)
@@ -46,12 +47,13 @@ def main() -> None:
     start = time.perf_counter()
     for step in range(args.steps):
         labels = torch.randint(0, 10, (args.batch,), generator=g)
-        images = templates[labels] + 0.5 * torch.randn(args.batch, 3, 32, 32, generator=g)
+        images = templates[labels] + 1.0 * torch.randn(args.batch, 3, 32, 32, generator=g)
         opt.zero_grad()
         loss = F.cross_entropy(model(images.to(device)), labels.to(device))
         loss.backward()
         opt.step()
-        lazy_torch.mark_step()
+        if device.type == "lazy":
+            lazy_torch.mark_step()
         if step % args.print_every == 0 or step == args.steps - 1:
             print(f"step {step:4d}  loss {loss.item():.4f}")
     lazy_torch.wait_device_ops()

@@ -23,10 +23,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--print-every", type=int, default=50)
+    parser.add_argument("--device", default="lazy", help="'lazy' (default) or 'cpu' for eager")
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    device = lazy_torch.device()
+    device = torch.device(args.device)
     x, y = synthetic_data(8192, 32, 10)
     model = nn.Sequential(
         nn.Linear(32, 256),
@@ -48,7 +49,8 @@ def main() -> None:
         loss.backward()
         opt.step()
         sched.step()
-        lazy_torch.mark_step()
+        if device.type == "lazy":
+            lazy_torch.mark_step()
         if step % args.print_every == 0 or step == args.steps - 1:
             print(f"step {step:4d}  loss {loss.item():.4f}")
     lazy_torch.wait_device_ops()

@@ -23,7 +23,8 @@ from lazy_torch.tensor import LazyTensor, meta_of, wrap
 
 Handler = Callable[[Any, tuple, dict], Any]
 
-_handlers: dict[Any, Handler] = {}
+# Keyed by id(func): OpOverloads live for the whole process, and their __hash__ is Python code.
+_handlers: dict[int, Handler] = {}
 # Ops whose (functional) result needs runtime-side keyword arguments.
 _MATMUL_OPS = frozenset(
     f"aten.{n}"
@@ -54,16 +55,16 @@ def special(*funcs: Any) -> Callable[[Handler], Handler]:
 
     def register(fn: Handler) -> Handler:
         for f in funcs:
-            _handlers[f] = fn
+            _handlers[id(f)] = fn
         return fn
 
     return register
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    handler = _handlers.get(func)
+    handler = _handlers.get(id(func))
     if handler is None:
-        handler = _handlers[func] = _resolve(func)
+        handler = _handlers[id(func)] = _resolve(func)
     return handler(func, args, kwargs)
 
 
@@ -96,13 +97,13 @@ def _is_numeric(t: Any) -> bool:
     return isinstance(t, (torch._C.NumberType, torch._C.TensorType))
 
 
-_plans: dict[Any, _Plan] = {}
+_plans: dict[int, _Plan] = {}
 
 
 def _plan(func: Any) -> _Plan:
-    plan = _plans.get(func)
+    plan = _plans.get(id(func))
     if plan is None:
-        plan = _plans[func] = _Plan(func)
+        plan = _plans[id(func)] = _Plan(func)
     return plan
 
 
@@ -317,7 +318,7 @@ def record(
     plan = _plan(func)
     ops = _Operands()
     args_t, kwargs_t = _template(plan, args, kwargs, ops)
-    meta = infer(func, args, kwargs, (func, args_t, kwargs_t, tuple(ops.keys)))
+    meta = infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))
     if plan.matmul:
         kwargs_t += (("_precision", _matmul_precision()),)
     if extra is not None:
@@ -407,7 +408,7 @@ def _inplace(functional: Any) -> Handler:
         plan = _plan(func)
         ops = _Operands()
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
-        infer(func, args, kwargs, (func, args_t, kwargs_t, tuple(ops.keys)))  # PyTorch's errors
+        infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))  # its errors
         assign(self, dispatch(functional, args, kwargs))
         return self
 

@@ -76,18 +76,22 @@ def _to_copy(func, args, kwargs):
 
 def _copy_into(self: LazyTensor, src: torch.Tensor) -> LazyTensor:
     """``self.copy_(src)``: broadcast, cast, and transfer when ``src`` lives elsewhere."""
-    with torch._C._DisableTorchDispatch():  # PyTorch's own broadcast error
-        torch.empty(self.shape, dtype=self.dtype, device="meta").copy_(
-            torch.empty(src.shape, dtype=src.dtype, device="meta")
-        )
+    same_shape = src.shape == self.shape
+    if not same_shape:
+        with torch._C._DisableTorchDispatch():  # PyTorch's own broadcast error
+            torch.empty(self.shape, dtype=self.dtype, device="meta").copy_(
+                torch.empty(src.shape, dtype=src.dtype, device="meta")
+            )
     if not isinstance(src, LazyTensor):
-        value = src.detach().to(self.dtype).expand(self.shape)
-        storage = from_cpu(value, self._lazy.device)
+        value = src.detach()
+        if value.dtype != self.dtype:
+            value = value.to(self.dtype)
+        storage = from_cpu(value if same_shape else value.expand(self.shape), self._lazy.device)
         self._lazy.node = storage.node
         return self
     if src._lazy.device != self._lazy.device:
         src = wrap(from_cpu(to_cpu(src), self._lazy.device), src._meta)
-    if tuple(src.shape) != tuple(self.shape):
+    if not same_shape:
         src = record(aten.expand.default, (src, tuple(self.shape)), {})
     assign(self, src)
     return self
