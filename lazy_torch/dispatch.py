@@ -15,11 +15,12 @@ from torch._decomp import decomposition_table
 
 import runtime
 
-from lazy_core import Node, Storage, constant, getitem, scalar_leaf
+from lazy_core import Node, NotWritable, View, constant, getitem, scalar_leaf
 from lazy_core.ir import operand
 from lazy_torch import fallback as _fallback
 from lazy_torch._dtypes import dtype_name
-from lazy_torch.tensor import LazyTensor, meta_of, wrap
+from lazy_torch.tensor import LazyTensor, fresh, meta_of, wrap
+from lazy_torch.views import STORAGE_RELATIVE, VIEWS
 
 Handler = Callable[[Any, tuple, dict], Any]
 
@@ -122,12 +123,13 @@ class _Operands:
 
     def tensor(self, t: torch.Tensor) -> Any:
         if isinstance(t, LazyTensor):
-            storage = t._lazy
+            view = t._lazy
+            device = view.storage.device
             if self.device is None:
-                self.device = storage.device
-            elif storage.device != self.device:
-                _device_mismatch(f"lazy:{self.device}", f"lazy:{storage.device}")
-            self.srcs.append(storage.node)
+                self.device = device
+            elif device != self.device:
+                _device_mismatch(f"lazy:{self.device}", f"lazy:{device}")
+            self.srcs.append(view.node)
             self.keys.append(t._meta)
             return operand(len(self.srcs) - 1)
         if t.dim() == 0 and t.device.type == "cpu":
@@ -237,9 +239,10 @@ _meta_cache: dict[Any, Any] = {}
 def _to_meta(v: Any) -> Any:
     if isinstance(v, LazyTensor):
         shape, stride, offset, dtype = v._meta
-        return torch.empty_strided(shape, stride, dtype=dtype, device="meta").as_strided(
-            shape, stride, offset
-        )
+        if not offset:
+            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        extent = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 0)
+        return torch.empty(extent, dtype=dtype, device="meta").as_strided(shape, stride, offset)
     if isinstance(v, (list, tuple)):
         return type(v)(_to_meta(x) for x in v)
     if isinstance(v, torch.device) or (isinstance(v, str) and v.startswith("lazy")):
@@ -329,15 +332,11 @@ def record(
 
 def _wrap_outputs(op: str, srcs: tuple, arg: Any, meta: Any, device: int) -> Any:
     if _is_single(meta):
-        node = Node(op, srcs, arg, dtype_name(meta[3]), meta[0])
-        return wrap(Storage(node, device), meta)
+        return fresh(Node(op, srcs, arg, dtype_name(meta[3]), meta[0]), device, meta)
     dtypes = tuple(None if m is None else dtype_name(m[3]) for m in meta)
     shapes = tuple(None if m is None else m[0] for m in meta)
     node = Node(op, srcs, arg, dtypes, shapes)
-    outs = [
-        None if m is None else wrap(Storage(getitem(node, i), device), m)
-        for i, m in enumerate(meta)
-    ]
+    outs = [None if m is None else fresh(getitem(node, i), device, m) for i, m in enumerate(meta)]
     return tuple(outs) if isinstance(meta, tuple) else outs
 
 
@@ -365,10 +364,18 @@ def _matmul_precision() -> str:
 
 
 def assign(target: LazyTensor, value: LazyTensor) -> None:
-    """Give ``target`` the value of ``value`` (same shape), cast to ``target``'s dtype."""
+    """Give ``target`` the value of ``value`` (same shape), cast to ``target``'s dtype; a write
+    through a view updates its storage, and so every view of it."""
     if value.dtype != target.dtype:
         value = record(torch.ops.aten._to_copy.default, (value,), {"dtype": target.dtype})
-    target._lazy.node = value._lazy.node
+    assign_node(target, value._lazy.node)
+
+
+def assign_node(target: LazyTensor, node: Node) -> None:
+    try:
+        target._lazy.assign(node)
+    except NotWritable as e:
+        raise RuntimeError(str(e)) from None
 
 
 _TENSOR_OPTIONS = ("dtype", "layout", "device", "pin_memory")
@@ -460,8 +467,38 @@ def recorded(func: Any, args: tuple, kwargs: dict) -> Any:
         return _fallback.run(func, args, kwargs)
 
 
+def _view_key(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """Shape-inference memo key of a view op: its input's metadata and its plain arguments."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, LazyTensor):
+            return v._meta
+        if isinstance(v, (list, tuple)):
+            return tuple(plain(x) for x in v)
+        return _attr(v, None)
+
+    return (str(func), plain(args), tuple((k, plain(v)) for k, v in kwargs.items()))
+
+
+def _view(build: Callable, storage_relative: bool) -> Handler:
+    def handle(func: Any, args: tuple, kwargs: dict) -> Any:
+        self = args[0]
+        meta = infer(func, args, kwargs, _view_key(func, args, kwargs))
+        single = _is_single(meta)
+        steps = build(args, kwargs, meta if single else list(meta), self._meta)
+        parent = self._lazy
+        if storage_relative:
+            parent = View(parent.storage)
+        outs = [wrap(parent.then(step), m) for step, m in zip(steps, [meta] if single else meta)]
+        return outs[0] if single else type(meta)(outs)
+
+    return handle
+
+
 def _resolve(func: Any) -> Handler:
     name = str(func)
+    if func in VIEWS:
+        return _view(VIEWS[func], func in STORAGE_RELATIVE)
     if runtime.has_lowering(name):
         return recorded
     functional = _functional_of(func)

@@ -52,7 +52,7 @@ def _to_cpu(v: Any) -> Any:
 
 def _to_lazy(v: Any, device: int) -> Any:
     if isinstance(v, torch.Tensor):
-        return _tensor.wrap(_tensor.from_cpu(v, device), _tensor.meta_of(v))
+        return _tensor.fresh(_tensor.from_cpu(v, device).node, device, _tensor.meta_of(v))
     if isinstance(v, (list, tuple)):
         return type(v)(_to_lazy(x, device) for x in v)
     return v
@@ -91,7 +91,7 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
                 continue
             lazy_arg, cpu_arg = args[i], cpu_args[i]
         if isinstance(lazy_arg, _tensor.LazyTensor):
-            lazy_arg._lazy.node = _tensor.from_cpu(cpu_arg, lazy_arg._lazy.device).node
+            _tensor.assign_cpu(lazy_arg, cpu_arg)
             returned[id(cpu_arg)] = lazy_arg
     if isinstance(out, torch.Tensor) and id(out) in returned:
         return returned[id(out)]

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from lazy_torch import rng
-from lazy_torch.dispatch import assign, dispatch, record, special
+from lazy_core import View
+from lazy_torch.dispatch import assign, assign_node, dispatch, record, special
 from lazy_torch.dispatch import recorded as _recorded_or_fallback
 from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, wrap
 
@@ -70,7 +71,7 @@ def _to_copy(func, args, kwargs):
         return aten._to_copy.default(to_cpu(x), **cpu_kwargs).to(device)
     target = _lazy_index(device)
     if target is not None and target != x._lazy.device:
-        return _to_copy(func, (wrap(from_cpu(to_cpu(x), target), x._meta),), kwargs)
+        return _to_copy(func, (wrap(View(from_cpu(to_cpu(x), target)), x._meta),), kwargs)
     return record(func, args, kwargs)
 
 
@@ -87,10 +88,10 @@ def _copy_into(self: LazyTensor, src: torch.Tensor) -> LazyTensor:
         if value.dtype != self.dtype:
             value = value.to(self.dtype)
         storage = from_cpu(value if same_shape else value.expand(self.shape), self._lazy.device)
-        self._lazy.node = storage.node
+        assign_node(self, storage.node)
         return self
     if src._lazy.device != self._lazy.device:
-        src = wrap(from_cpu(to_cpu(src), self._lazy.device), src._meta)
+        src = wrap(View(from_cpu(to_cpu(src), self._lazy.device)), src._meta)
     if not same_shape:
         src = record(aten.expand.default, (src, tuple(self.shape)), {})
     assign(self, src)

@@ -2,27 +2,52 @@
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Iterable
 
 import runtime
-from lazy_core import Storage, cut_graph, data_leaf, pending_storages
+from lazy_core import Graph, Storage, cut_graph, data_leaf, live_storages, pending_storages
+from lazy_core.ir import DATA
 from lazy_torch import rng as _rng
 
 
-def sync(storages: Iterable[Storage], cause: str) -> None:
+def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
+    """Parameters whose buffers no live tensor keeps and that an output can reuse.
+
+    At a full barrier every live value with pending IR is an output, so a buffer that no live
+    storage still holds as its value is read by this graph for the last time. XLA can only reuse a
+    donated buffer for an output of the same shape and dtype; others are not offered.
+    """
+    slots = collections.Counter((r.shape, r.dtype) for r in graph.roots)
+    donate = []
+    for i, p in enumerate(graph.params):
+        if p.op == DATA and id(p.payload) not in held and slots[(p.shape, p.dtype)] > 0:
+            slots[(p.shape, p.dtype)] -= 1
+            donate.append(i)
+    return tuple(donate)
+
+
+def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
     """Compute the pending values of ``storages``; afterwards each holds a device buffer.
 
-    If compiling or running fails, every storage keeps its pending value (nothing is lost).
+    ``donate`` (full barriers only, where every pending value is an output) lets the graph reuse
+    the buffers it overwrites. If compiling fails, every storage keeps its pending value.
     """
     by_device: dict[int, list[Storage]] = {}
     for s in storages:
         if s.pending:
             by_device.setdefault(s.device, []).append(s)
+    held = (
+        {id(s.node.payload) for s in live_storages() if not s.pending}
+        if donate and by_device
+        else set()
+    )
     for device, group in by_device.items():
         roots = [s.node for s in group]
         graph = cut_graph(roots, salt=("device", device))
-        outputs = runtime.run_graph(graph, device, cause=cause)
+        donated = _donatable(graph, held) if donate else ()
+        outputs = runtime.run_graph(graph, device, donate=donated, cause=cause)
         buffers = {id(r): b for r, b in zip(graph.roots, outputs)}
         for s, root in zip(group, roots):
             s.node = data_leaf(buffers[id(root)], root.dtype, root.shape)
@@ -40,7 +65,7 @@ def mark_step(wait: bool = False) -> None:
     start = time.perf_counter()
     runtime.metrics.count("mark_steps")
     _rng.advance()
-    sync(pending_storages(), cause="mark_step")
+    sync(pending_storages(), cause="mark_step", donate=runtime.config.DONATE)
     runtime.metrics.time("mark_step_time", time.perf_counter() - start)
     if wait:
         runtime.wait_device_ops()

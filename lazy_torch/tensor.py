@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 import runtime
-from lazy_core import Storage, data_leaf
+from lazy_core import Node, Storage, View, data_leaf
 from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy
 from lazy_torch.sync import sync
 
@@ -20,13 +20,17 @@ _DEVICES = [torch.device("lazy", i) for i in range(64)]
 
 
 class LazyTensor(torch.Tensor):
-    """A tensor on device ``lazy:N``. Its value is ``_lazy.node``: device data or pending IR."""
+    """A tensor on device ``lazy:N``. Its value is ``_lazy.node``: device data or pending IR.
 
-    _lazy: Storage
+    ``_lazy`` is a View: the storage the tensor shares with its views, and the view steps that
+    lead from the storage's value to this tensor's.
+    """
+
+    _lazy: View
     _meta: Meta
 
     @staticmethod
-    def __new__(cls, storage: Storage, meta: Meta, requires_grad: bool = False) -> LazyTensor:
+    def __new__(cls, view: View, meta: Meta, requires_grad: bool = False) -> LazyTensor:
         shape, stride, offset, dtype = meta
         r = torch.Tensor._make_wrapper_subclass(
             cls,
@@ -34,14 +38,24 @@ class LazyTensor(torch.Tensor):
             strides=stride,
             storage_offset=offset,
             dtype=dtype,
-            device=_DEVICES[storage.device],
+            device=_DEVICES[view.storage.device],
             requires_grad=requires_grad,
         )
-        r._lazy = storage
+        r._lazy = view
         r._meta = meta
         return r
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def data(self) -> torch.Tensor:
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        # ``t.data = x`` swaps the C++ metadata; the lazy value lives on the Python object.
+        torch.Tensor.data.__set__(self, new)
+        self._lazy, self._meta = new._lazy, new._meta
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -76,8 +90,13 @@ def meta_of(t: torch.Tensor) -> Meta:
     return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
 
 
-def wrap(storage: Storage, meta: Meta) -> LazyTensor:
-    return LazyTensor.__new__(LazyTensor, storage, meta)
+def wrap(view: View, meta: Meta) -> LazyTensor:
+    return LazyTensor.__new__(LazyTensor, view, meta)
+
+
+def fresh(node: Node, device: int, meta: Meta) -> LazyTensor:
+    """A new tensor with its own storage holding ``node``."""
+    return LazyTensor.__new__(LazyTensor, View(Storage(node, device)), meta)
 
 
 def from_cpu(t: torch.Tensor, device: int) -> Storage:
@@ -87,14 +106,25 @@ def from_cpu(t: torch.Tensor, device: int) -> Storage:
     return Storage(data_leaf(buffer, name, tuple(t.shape)), device)
 
 
+def assign_cpu(t: LazyTensor, value: torch.Tensor) -> None:
+    """Give ``t`` (maybe a view) the value of CPU tensor ``value``: a transfer, then an Assign."""
+    t._lazy.assign(from_cpu(value, t._lazy.storage.device).node)
+
+
 def materialize(tensors: Iterable[LazyTensor], cause: str) -> None:
-    sync([t._lazy for t in tensors], cause)
+    sync([t._lazy.storage for t in tensors], cause)
 
 
 def to_cpu(t: LazyTensor, cause: str = "cpu") -> torch.Tensor:
     """The value of ``t`` as a CPU tensor with ``t``'s strides (waits for the device)."""
-    sync([t._lazy], cause)
-    node = t._lazy.node
+    view = t._lazy
+    sync([view.storage], cause)
+    node = view.node
+    if view.steps:
+        # Only the view's elements travel: compute its Access of the base on the device.
+        window = Storage(node, view.storage.device)
+        sync([window], cause)
+        node = window.node
     out = from_numpy(runtime.to_host(node.payload), t.dtype)
     shape, stride, _, _ = t._meta
     if stride != contiguous_stride(shape) and out.numel() > 1:

@@ -67,12 +67,25 @@ def _reshape_only(ctx, self, *args):
 @lowering(*_twins("aten.slice.Tensor"))
 def _slice(ctx, self, dim=0, start=None, end=None, step=1):
     dim = dim % self.ndim
-    n = self.shape[dim]
+    start, end = _slice_bounds(self.shape[dim], start, end)
+    return lax.slice_in_dim(self, start, end, step, axis=dim)
+
+
+def _slice_bounds(n: int, start, end) -> tuple[int, int]:
     start = 0 if start is None else start
     start = max(0, min(n, start + n if start < 0 else start))
     end = n if end is None else end
-    end = max(start, min(n, end + n if end < 0 else end))
-    return lax.slice_in_dim(self, start, end, step, axis=dim)
+    return start, max(start, min(n, end + n if end < 0 else end))
+
+
+@lowering("aten.slice_scatter.default")
+def _slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
+    # The write-back of a slice: a static-offset update, no copy beyond the written window.
+    dim = dim % self.ndim
+    start, end = _slice_bounds(self.shape[dim], start, end)
+    index = [slice(None)] * self.ndim
+    index[dim] = slice(start, end, step)
+    return self.at[tuple(index)].set(src.astype(self.dtype))
 
 
 @lowering(*_twins("aten.select.int"))
@@ -80,6 +93,13 @@ def _select(ctx, self, dim, index):
     dim = dim % self.ndim
     index = index + self.shape[dim] if index < 0 else index
     return lax.index_in_dim(self, index, axis=dim, keepdims=False)
+
+
+@lowering("aten.select_scatter.default")
+def _select_scatter(ctx, self, src, dim, index):
+    dim = dim % self.ndim
+    index = index + self.shape[dim] if index < 0 else index
+    return lax.dynamic_update_index_in_dim(self, src.astype(self.dtype), index, dim)
 
 
 @lowering("aten.narrow.default")
@@ -94,26 +114,73 @@ def _diagonal(ctx, self, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(self, offset, dim1 % self.ndim, dim2 % self.ndim)
 
 
+def _diagonal_index(shape, offset, dim1, dim2):
+    n = min(shape[dim1] - max(-offset, 0), shape[dim2] - max(offset, 0))
+    i = jnp.arange(max(n, 0))
+    return i + max(-offset, 0), i + max(offset, 0)
+
+
+@lowering("aten.diagonal_scatter.default")
+def _diagonal_scatter(ctx, self, src, offset=0, dim1=0, dim2=1):
+    dim1, dim2 = dim1 % self.ndim, dim2 % self.ndim
+    rows, cols = _diagonal_index(self.shape, offset, dim1, dim2)
+    # Move the two diagonal dims to the front; src keeps the diagonal as its last dim.
+    moved = jnp.moveaxis(self, (dim1, dim2), (0, 1))
+    moved = moved.at[rows, cols].set(jnp.moveaxis(src, -1, 0).astype(self.dtype))
+    return jnp.moveaxis(moved, (0, 1), (dim1, dim2))
+
+
 @lowering(*_twins("aten.unfold.default"))
 def _unfold(ctx, self, dimension, size, step):
     if self.ndim == 0:
         return jnp.reshape(self, ctx.shape)
     dim = dimension % self.ndim
     count = ctx.shape[dim]
-    starts = jnp.arange(count) * step
-    idx = starts[:, None] + jnp.arange(size)[None, :]  # (count, size)
+    idx = _unfold_index(self.shape, dim, count, size, step)
     taken = jnp.take(self, idx.reshape(-1), axis=dim)
     shape = self.shape[:dim] + (count, size) + self.shape[dim + 1 :]
     return jnp.moveaxis(taken.reshape(shape), dim + 1, -1)
+
+
+def _unfold_index(shape, dim, count, size, step):
+    return (jnp.arange(count) * step)[:, None] + jnp.arange(size)[None, :]  # (count, size)
+
+
+@lowering("lazy.unfold_scatter")
+def _unfold_scatter(ctx, self, src, dimension, size, step):
+    # The write-back of a non-overlapping unfold: src is (..., count, ..., size) windows.
+    if self.ndim == 0:
+        return jnp.reshape(src, ())
+    dim = dimension % self.ndim
+    count = src.shape[dim]
+    idx = _unfold_index(self.shape, dim, count, size, step).reshape(-1)
+    windows = jnp.moveaxis(src, -1, dim + 1).reshape(
+        self.shape[:dim] + (count * size,) + self.shape[dim + 1 :]
+    )
+    index = [slice(None)] * self.ndim
+    index[dim] = idx
+    return self.at[tuple(index)].set(windows.astype(self.dtype))
+
+
+def _strided_index(size, stride, storage_offset):
+    idx = jnp.asarray(storage_offset or 0, jnp.int64)
+    for n, s in zip(size, stride):
+        idx = idx[..., None] + jnp.arange(n, dtype=jnp.int64) * s
+    return idx
+
+
+@lowering("aten.as_strided_scatter.default")
+def _as_strided_scatter(ctx, self, src, size, stride, storage_offset=None):
+    flat = jnp.reshape(self, (-1,))
+    idx = _strided_index(size, stride, storage_offset).reshape(-1)
+    return flat.at[idx].set(jnp.reshape(src, (-1,)).astype(self.dtype)).reshape(self.shape)
 
 
 @lowering(*_twins("aten.as_strided.default"))
 def _as_strided(ctx, self, size, stride, storage_offset=None):
     # General strided view of the (contiguous) input's elements: a gather of flat indices.
     flat = jnp.reshape(self, (-1,))
-    idx = jnp.asarray(storage_offset or 0, jnp.int64)
-    for n, s in zip(size, stride):
-        idx = idx[..., None] + jnp.arange(n, dtype=jnp.int64) * s
+    idx = _strided_index(size, stride, storage_offset)
     return flat[idx.reshape(ctx.shape)] if flat.size else jnp.zeros(ctx.shape, ctx.dtype)
 
 

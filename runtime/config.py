@@ -15,3 +15,5 @@ PLATFORM: str = os.environ.get("LAZY_PLATFORM", "").strip().lower()
 DEBUG: bool = _flag("LAZY_DEBUG")
 # Directory of the persistent executable cache; empty turns it off.
 CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
+# Donate the buffers a mark_step overwrites (parameters, optimizer state) to its outputs.
+DONATE: bool = os.environ.get("LAZY_DONATE", "1").strip().lower() not in ("0", "false", "no", "off")

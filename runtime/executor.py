@@ -83,11 +83,13 @@ def run_graph(
 ) -> tuple[jax.Array, ...]:
     """Run ``graph`` on device ``device_index``; returns its root buffers without waiting.
 
-    ``graph.key`` must already include the device and the donation mask (``cut_graph``'s salt).
+    ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
+    whose buffers the caller will never read again: XLA may reuse them for outputs.
     """
-    exe = _cache.get(graph.key)
+    key = (graph.key, donate)
+    exe = _cache.get(key)
     if exe is None:
-        exe = _cache[graph.key] = _compile(graph, device_index, donate, cause)
+        exe = _cache[key] = _compile(graph, device_index, donate, cause)
     else:
         metrics.count("cache_hits")
     start = time.perf_counter()
@@ -96,6 +98,8 @@ def run_graph(
     except Exception as e:
         raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
     metrics.count("executions")
+    if donate:
+        metrics.count("donated_buffers", len(donate))
     metrics.time("dispatch_time", time.perf_counter() - start)
     if config.DEBUG:
         print(f"[lazy] execute {_describe(graph)} cause={cause}", file=sys.stderr)

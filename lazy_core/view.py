@@ -1,0 +1,103 @@
+"""Views as pure Access/Assign: a tensor is a window (a chain of view steps) on a storage.
+
+Reading a view applies its steps to the storage's current value (Access). Writing through a view
+applies each step's inverse from the innermost outwards (Assign), producing the storage's new
+value, so every other view of the same storage sees the write. Nothing in the IR mutates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lazy_core.ir import Node
+from lazy_core.value import Storage
+
+
+class NotWritable(RuntimeError):
+    """A write through a view that has no inverse (e.g. an expanded view with repeated elements)."""
+
+
+class ViewStep:
+    """One view, defined by its forward op and its write-back op together.
+
+    ``access`` records ``op`` on the parent value (template operand 0); ``write`` records
+    ``inverse_op`` on (parent value, new view value) = operands (0, 1) and yields the parent's new
+    value. ``inverse_op`` None makes the view read-only; ``error`` is then the message to raise.
+    """
+
+    __slots__ = ("op", "arg", "dtype", "shape", "inverse_op", "inverse_arg", "error")
+
+    def __init__(
+        self,
+        op: str,
+        arg: Any,
+        dtype: str,
+        shape: tuple[int, ...],
+        inverse_op: str | None,
+        inverse_arg: Any = None,
+        error: str = "",
+    ):
+        self.op, self.arg, self.dtype, self.shape = op, arg, dtype, shape
+        self.inverse_op, self.inverse_arg, self.error = inverse_op, inverse_arg, error
+
+    def access(self, parent: Node) -> Node:
+        return Node(self.op, (parent,), self.arg, self.dtype, self.shape)
+
+    def write(self, parent: Node, value: Node) -> Node:
+        if self.inverse_op is None:
+            raise NotWritable(self.error or f"cannot write through a view made by {self.op}")
+        return Node(self.inverse_op, (parent, value), self.inverse_arg, parent.dtype, parent.shape)
+
+
+class View:
+    """What a tensor holds: its storage and the view steps from the storage's value to its own.
+
+    A tensor that is not a view has no steps and reads the storage's value directly.
+    """
+
+    __slots__ = ("storage", "steps", "_base", "_node")
+
+    def __init__(self, storage: Storage, steps: tuple[ViewStep, ...] = ()):
+        self.storage = storage
+        self.steps = steps
+        self._base: Node | None = None  # the storage value ``_node`` was accessed from
+        self._node: Node | None = None
+
+    @property
+    def device(self) -> Any:
+        return self.storage.device
+
+    @property
+    def node(self) -> Node:
+        """The current value: an Access of the storage's current value."""
+        base = self.storage.node
+        if not self.steps:
+            return base
+        if base is not self._base:
+            node = base
+            for step in self.steps:
+                node = step.access(node)
+            self._base, self._node = base, node
+        return self._node
+
+    def assign(self, value: Node) -> None:
+        """Make ``value`` (shape and dtype of this view) the view's value: an Assign to the base."""
+        if not self.steps:
+            self.storage.node = value
+            return
+        parents = [self.storage.node]
+        for step in self.steps[:-1]:
+            parents.append(step.access(parents[-1]))
+        new = value
+        for step, parent in zip(reversed(self.steps), reversed(parents)):
+            new = step.write(parent, new)
+        self.storage.node = new
+        self._base, self._node = new, value
+
+    def then(self, step: ViewStep) -> View:
+        """A view of this view."""
+        return View(self.storage, self.steps + (step,))
+
+    @property
+    def writable(self) -> bool:
+        return all(s.inverse_op is not None for s in self.steps)

@@ -1,0 +1,209 @@
+"""Every aten view op as a ViewStep: its forward (Access) and its write-back (Assign), in one table.
+
+A view op's output shares its input's storage; reading it applies the forward op to the storage's
+current value, writing through it applies the inverse (``slice_scatter``, ``select_scatter``, a
+transpose back, ...). Multi-output views (``split``, ``unbind``) become one slice/select each.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from lazy_core import ViewStep
+from lazy_core.ir import operand
+from lazy_torch._dtypes import dtype_name
+
+aten = torch.ops.aten
+_PARENT, _VALUE = operand(0), operand(1)
+# Eager's error for writes into expanded views (several elements share one memory location).
+OVERLAP_ERROR = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation."
+)
+
+Meta = tuple  # (shape, stride, offset, dtype), as in lazy_torch.tensor
+Builder = Callable[[tuple, dict, Any, Meta], Sequence[ViewStep]]
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_plain(x) for x in v)
+    if isinstance(v, torch.dtype):
+        return dtype_name(v)
+    return int(v) if isinstance(v, torch.SymInt) else v
+
+
+def _step(
+    op: str,
+    rest: tuple,
+    out: Meta,
+    inverse_op: str | None,
+    inverse_rest: tuple = (),
+    error: str = "",
+) -> ViewStep:
+    # A ``*_scatter`` write-back takes (parent, value, ...); a reshaping one only (value, ...).
+    inputs = (_PARENT, _VALUE) if inverse_op and "scatter" in inverse_op else (_VALUE,)
+    return ViewStep(
+        op,
+        ((_PARENT,) + rest, ()),
+        dtype_name(out[3]),
+        out[0],
+        inverse_op,
+        (inputs + inverse_rest, ()) if inverse_op else None,
+        error,
+    )
+
+
+def _args(args: tuple, kwargs: dict, names: Sequence[str], defaults: Sequence[Any]) -> tuple:
+    """The arguments after ``self`` by position or name, with schema defaults filled in."""
+    values = list(args[1:]) + [kwargs.get(n, d) for n, d in zip(names, defaults)][len(args) - 1 :]
+    return tuple(_plain(v) for v in values[: len(names)])
+
+
+def _reshaping(name: str) -> Builder:
+    # view, squeeze, unsqueeze, _reshape_alias: the write-back reshapes to the parent's shape.
+    def build(args, kwargs, out, parent):
+        rest = tuple(_plain(a) for a in args[1:])
+        return [_step(name, rest, out, "aten.view.default", (parent[0],))]
+
+    return build
+
+
+def _view_dtype(args, kwargs, out, parent):
+    return [
+        _step(
+            "aten.view.dtype",
+            (dtype_name(args[1]),),
+            out,
+            "aten.view.dtype",
+            (dtype_name(parent[3]),),
+        )
+    ]
+
+
+def _transpose(args, kwargs, out, parent):
+    rest = tuple(_plain(a) for a in args[1:])
+    return [_step("aten.transpose.int", rest, out, "aten.transpose.int", rest)]
+
+
+def _t(args, kwargs, out, parent):
+    return [_step("aten.t.default", (), out, "aten.t.default")]
+
+
+def _permute(args, kwargs, out, parent):
+    dims = tuple(d % max(len(parent[0]), 1) for d in _plain(args[1]))
+    inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
+    return [_step("aten.permute.default", (dims,), out, "aten.permute.default", (inverse,))]
+
+
+def _expand(args, kwargs, out, parent):
+    rest = tuple(_plain(a) for a in args[1:])
+    # Broadcast dimensions repeat elements; eager forbids writes only when one is really repeated.
+    repeated = any(st == 0 and n > 1 for n, st in zip(out[0], out[1]))
+    inverse = None if repeated else "aten.view.default"
+    return [_step("aten.expand.default", rest, out, inverse, (parent[0],), OVERLAP_ERROR)]
+
+
+def _slice(args, kwargs, out, parent):
+    rest = _args(args, kwargs, ("dim", "start", "end", "step"), (0, None, None, 1))
+    return [_step("aten.slice.Tensor", rest, out, "aten.slice_scatter.default", rest)]
+
+
+def _select(args, kwargs, out, parent):
+    rest = _args(args, kwargs, ("dim", "index"), (None, None))
+    return [_step("aten.select.int", rest, out, "aten.select_scatter.default", rest)]
+
+
+def _diagonal(args, kwargs, out, parent):
+    rest = _args(args, kwargs, ("offset", "dim1", "dim2"), (0, 0, 1))
+    return [_step("aten.diagonal.default", rest, out, "aten.diagonal_scatter.default", rest)]
+
+
+def _unfold(args, kwargs, out, parent):
+    rest = _args(args, kwargs, ("dimension", "size", "step"), (None, None, None))
+    overlapping = rest[2] < rest[1] and out[0][rest[0] % max(len(parent[0]), 1)] > 1
+    inverse = None if overlapping else "lazy.unfold_scatter"
+    return [_step("aten.unfold.default", rest, out, inverse, rest, OVERLAP_ERROR)]
+
+
+def _as_strided(args, kwargs, out, parent):
+    # Strides and offset address the base storage, so this step applies to the storage value.
+    rest = _args(args, kwargs, ("size", "stride", "storage_offset"), (None, None, None))
+    if rest[2] is None:  # eager keeps the input's own storage offset
+        rest = (rest[0], rest[1], parent[2])
+    overlapping = len(set(_addresses(rest))) < _numel(rest[0])
+    inverse = None if overlapping else "aten.as_strided_scatter.default"
+    return [_step("aten.as_strided.default", rest, out, inverse, rest, OVERLAP_ERROR)]
+
+
+def _numel(size: Sequence[int]) -> int:
+    n = 1
+    for s in size:
+        n *= s
+    return n
+
+
+def _addresses(rest: tuple) -> list[int]:
+    size, stride, offset = rest
+    if _numel(size) > 1 << 16:  # too big to enumerate: assume distinct addresses, as PyTorch does
+        return list(range(_numel(size)))
+    addrs = [offset or 0]
+    for n, st in zip(size, stride):
+        addrs = [a + i * st for a in addrs for i in range(n)]
+    return addrs
+
+
+def _split_steps(dim: int, sizes: Sequence[int], outs: Sequence[Meta], parent: Meta):
+    dim = dim % len(parent[0])
+    steps, start = [], 0
+    for n, out in zip(sizes, outs):
+        rest = (dim, start, start + n, 1)
+        steps.append(_step("aten.slice.Tensor", rest, out, "aten.slice_scatter.default", rest))
+        start += n
+    return steps
+
+
+def _split(args, kwargs, outs, parent):
+    dim = _args(args, kwargs, ("split_size", "dim"), (None, 0))[1]
+    d = dim % len(parent[0])
+    return _split_steps(dim, [o[0][d] for o in outs], outs, parent)
+
+
+def _split_with_sizes(args, kwargs, outs, parent):
+    sizes, dim = _args(args, kwargs, ("split_sizes", "dim"), (None, 0))
+    return _split_steps(dim, sizes, outs, parent)
+
+
+def _unbind(args, kwargs, outs, parent):
+    dim = _args(args, kwargs, ("dim",), (0,))[0] % len(parent[0])
+    return [
+        _step("aten.select.int", (dim, i), out, "aten.select_scatter.default", (dim, i))
+        for i, out in enumerate(outs)
+    ]
+
+
+VIEWS: dict[Any, Builder] = {
+    aten.view.default: _reshaping("aten.view.default"),
+    aten._reshape_alias.default: _reshaping("aten._reshape_alias.default"),
+    aten.squeeze.default: _reshaping("aten.squeeze.default"),
+    aten.squeeze.dim: _reshaping("aten.squeeze.dim"),
+    aten.squeeze.dims: _reshaping("aten.squeeze.dims"),
+    aten.unsqueeze.default: _reshaping("aten.unsqueeze.default"),
+    aten.view.dtype: _view_dtype,
+    aten.transpose.int: _transpose,
+    aten.t.default: _t,
+    aten.permute.default: _permute,
+    aten.expand.default: _expand,
+    aten.slice.Tensor: _slice,
+    aten.select.int: _select,
+    aten.diagonal.default: _diagonal,
+    aten.unfold.default: _unfold,
+    aten.as_strided.default: _as_strided,
+    aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split_with_sizes,
+    aten.unbind.int: _unbind,
+}
+# Views that address the storage itself rather than their input's value.
+STORAGE_RELATIVE = frozenset({aten.as_strided.default})
