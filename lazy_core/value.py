@@ -18,15 +18,22 @@ class Storage:
 
     Storages register themselves (weakly) so a barrier can find every live value with pending IR;
     a storage nobody references disappears from the registry and never becomes a graph output.
+    ``node`` is read freely but written only through ``set``, which also drops the Access nodes
+    cached for views of the old value (so no stale graph or device buffer outlives its value).
     """
 
-    __slots__ = ("__weakref__", "device", "id", "node")
+    __slots__ = ("__weakref__", "device", "id", "node", "views")
 
     def __init__(self, node: Node, device: Any):
         self.node = node
         self.device = device
         self.id = next(_ids)
+        self.views: dict[tuple, Node] | None = None  # view steps -> Access node of ``node``
         _live[self.id] = weakref.KeyedRef(self, _forget, self.id)
+
+    def set(self, node: Node) -> None:
+        self.node = node
+        self.views = None
 
     @property
     def pending(self) -> bool:

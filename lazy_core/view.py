@@ -55,13 +55,11 @@ class View:
     A tensor that is not a view has no steps and reads the storage's value directly.
     """
 
-    __slots__ = ("storage", "steps", "_base", "_node")
+    __slots__ = ("storage", "steps")
 
     def __init__(self, storage: Storage, steps: tuple[ViewStep, ...] = ()):
         self.storage = storage
         self.steps = steps
-        self._base: Node | None = None  # the storage value ``_node`` was accessed from
-        self._node: Node | None = None
 
     @property
     def device(self) -> Any:
@@ -70,20 +68,25 @@ class View:
     @property
     def node(self) -> Node:
         """The current value: an Access of the storage's current value."""
-        base = self.storage.node
+        storage = self.storage
         if not self.steps:
-            return base
-        if base is not self._base:
-            node = base
+            return storage.node
+        # Cached on the storage, per value: every view with these steps shares one Access node.
+        cache = storage.views
+        if cache is None:
+            cache = storage.views = {}
+        node = cache.get(self.steps)
+        if node is None:
+            node = storage.node
             for step in self.steps:
                 node = step.access(node)
-            self._base, self._node = base, node
-        return self._node
+            cache[self.steps] = node
+        return node
 
     def assign(self, value: Node) -> None:
         """Make ``value`` (shape and dtype of this view) the view's value: an Assign to the base."""
         if not self.steps:
-            self.storage.node = value
+            self.storage.set(value)
             return
         parents = [self.storage.node]
         for step in self.steps[:-1]:
@@ -91,8 +94,8 @@ class View:
         new = value
         for step, parent in zip(reversed(self.steps), reversed(parents)):
             new = step.write(parent, new)
-        self.storage.node = new
-        self._base, self._node = new, value
+        self.storage.set(new)
+        self.storage.views = {self.steps: value}  # reading the view back gives what was written
 
     def then(self, step: ViewStep) -> View:
         """A view of this view."""

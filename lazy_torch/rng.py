@@ -57,5 +57,5 @@ def advance() -> None:
         if rng.draws:
             state = rng.storage.node
             arg = ((Operand(0), rng.draws), ())
-            rng.storage.node = Node(_ADVANCE, (state,), arg, state.dtype, state.shape)
+            rng.storage.set(Node(_ADVANCE, (state,), arg, state.dtype, state.shape))
             rng.draws = 0

@@ -50,7 +50,7 @@ def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
         outputs = runtime.run_graph(graph, device, donate=donated, cause=cause)
         buffers = {id(r): b for r, b in zip(graph.roots, outputs)}
         for s, root in zip(group, roots):
-            s.node = data_leaf(buffers[id(root)], root.dtype, root.shape)
+            s.set(data_leaf(buffers[id(root)], root.dtype, root.shape))
 
 
 def mark_step(wait: bool = False) -> None:

@@ -2,7 +2,13 @@
 
 from runtime import config, metrics
 from runtime.device import device, devices, to_device, to_host
-from runtime.executor import GraphError, run_graph, stablehlo_text, wait_device_ops
+from runtime.executor import (
+    GraphError,
+    executable_memory,
+    run_graph,
+    stablehlo_text,
+    wait_device_ops,
+)
 from runtime.program import has_lowering, rng_state
 
 __all__ = [
@@ -11,6 +17,7 @@ __all__ = [
     "has_lowering",
     "device",
     "devices",
+    "executable_memory",
     "metrics",
     "rng_state",
     "run_graph",

@@ -113,6 +113,25 @@ def wait_device_ops() -> None:
     _in_flight.clear()
 
 
+def executable_memory() -> list[dict[str, int]]:
+    """XLA's memory accounting of every cached executable: bytes of arguments, outputs, outputs
+    aliased to donated arguments, temporaries, and the peak they imply."""
+    out = []
+    for exe in _cache.values():
+        m = exe.compiled.memory_analysis()
+        sizes = {
+            "arguments": m.argument_size_in_bytes,
+            "outputs": m.output_size_in_bytes,
+            "aliased": m.alias_size_in_bytes,
+            "temporaries": m.temp_size_in_bytes,
+        }
+        sizes["peak"] = (
+            sizes["arguments"] + sizes["outputs"] - sizes["aliased"] + sizes["temporaries"]
+        )
+        out.append(sizes)
+    return out
+
+
 def cache_size() -> int:
     return len(_cache)
 
@@ -129,6 +148,7 @@ __all__ = [
     "GraphError",
     "cache_size",
     "drop_cache",
+    "executable_memory",
     "lower",
     "run_graph",
     "stablehlo_text",
