@@ -7,6 +7,7 @@ out= variant of a recorded op, a ``torch._decomp`` decomposition, or the CPU fal
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -274,7 +275,8 @@ def infer(func: Any, args: tuple, kwargs: dict, key: Any) -> Any:
         margs = _to_meta(args)
         mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
         try:
-            with torch._C._DisableTorchDispatch():
+            with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # meta kernels warn about resizing out= tensors
                 result = func(*margs, **mkwargs)
         except _FALLBACK_EXCEPTIONS:
             raise
@@ -384,27 +386,27 @@ _TENSOR_OPTIONS = ("dtype", "layout", "device", "pin_memory")
 def _functional_of(func: Any) -> Any:
     """The functional overload matching in-place or out= ``func``, or None.
 
-    An out= factory (``arange.start_out``) matches a functional overload that takes tensor
-    options instead of ``out`` (``arange.start_step``); the out tensor supplies them.
+    Matched by schema, not by overload name (``pow_.Scalar`` is ``pow.Tensor_Scalar``). An out=
+    factory (``arange.start_out``) matches a functional overload that takes tensor options
+    instead of ``out`` (``arange.start_step``); the out tensor supplies them.
     """
     packet = func._schema.name.split("::")[1]
-    overload = func._overloadname
+    arguments = func._schema.arguments
     if packet.endswith("_"):
-        base = getattr(torch.ops.aten, packet[:-1], None)
-        return getattr(base, overload, None) if base is not None else None
-    if not any(a.is_out for a in func._schema.arguments):
+        packet, wanted = packet[:-1], [(a.name, str(a.type)) for a in arguments]
+    elif any(a.is_out for a in arguments):
+        wanted = [(a.name, str(a.type)) for a in arguments if not a.is_out]
+    else:
         return None
     base = getattr(torch.ops.aten, packet, None)
     if base is None:
         return None
-    wanted = [(a.name, str(a.type)) for a in func._schema.arguments if not a.is_out]
     for name in base.overloads():
         cand = getattr(base, name)
         args = cand._schema.arguments
         if any(a.is_out or (a.alias_info and a.alias_info.is_write) for a in args):
             continue
-        sig = [(a.name, str(a.type)) for a in args if a.name not in _TENSOR_OPTIONS]
-        if sig == wanted:
+        if [(a.name, str(a.type)) for a in args if a.name not in _TENSOR_OPTIONS] == wanted:
             return cand
     return None
 
@@ -416,7 +418,11 @@ def _inplace(functional: Any) -> Handler:
         ops = _Operands()
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
         infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))  # its errors
-        assign(self, dispatch(functional, args, kwargs))
+        result = dispatch(functional, args, kwargs)
+        # Some meta kernels resize or cast where eager refuses to: raise eager's own error.
+        if result.shape != self.shape or not torch.can_cast(result.dtype, self.dtype):
+            _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
+        assign(self, result)
         return self
 
     return handle

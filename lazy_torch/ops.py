@@ -125,6 +125,7 @@ def _rng_operands(ops) -> tuple:
     aten.random_.to,
     getattr(aten.random_, "from"),
     aten.exponential_.default,
+    aten.geometric_.default,
 )
 def _random_inplace(func, args, kwargs):
     self = args[0]

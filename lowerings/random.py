@@ -72,6 +72,14 @@ def _exponential(ctx, self=None, lambd=1.0, *, generator=None):
     return (e / cast(lambd, dt)).astype(ctx.dtype)
 
 
+@lowering("aten.geometric_.default")
+def _geometric(ctx, self, p, *, generator=None):
+    # Number of Bernoulli(p) trials up to the first success: ceil(log(U) / log(1 - p)), U in (0, 1].
+    u = 1.0 - jax.random.uniform(ctx.rng_key, ctx.shape, jnp.float64)
+    p = cast(p, jnp.float64)
+    return jnp.maximum(jnp.ceil(jnp.log(u) / jnp.log1p(-p)), 1.0).astype(ctx.dtype)
+
+
 def _int_bounds(ctx, low, high):
     if high is None:
         if ctx.dtype == jnp.bool_:
