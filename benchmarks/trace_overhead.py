@@ -44,18 +44,32 @@ def _recorded_ops() -> int:
     return sum(1 for n in graph.nodes if n.src)
 
 
-def elementwise_chain(length: int) -> tuple[float, int]:
-    x = torch.randn(128, 128, device="lazy")
-    lazy_torch.mark_step(wait=True)
+class _Floor(torch.Tensor):
+    """The least any Python tensor subclass pays per op: dispatch into Python plus one wrapper."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return torch.Tensor._make_wrapper_subclass(cls, (128, 128), dtype=torch.float32)
+
+
+def _chain(x: torch.Tensor, length: int) -> tuple[float, torch.Tensor]:
     start = time.perf_counter()
     y = x
-    for i in range(length // 4):
+    for _ in range(length // 4):
         y = y * 1.001
         y = y + x
         y = y.relu()
         y = y - 0.5
-    elapsed = time.perf_counter() - start
-    ops = _recorded_ops()
+    return time.perf_counter() - start, y
+
+
+def elementwise_chain(length: int) -> tuple[float, int]:
+    x = torch.randn(128, 128, device="lazy")
+    lazy_torch.mark_step(wait=True)
+    elapsed, y = _chain(x, length)
+    ops = _recorded_ops()  # y keeps the chain pending
     lazy_torch.mark_step(wait=True)
     return elapsed, ops
 
@@ -82,7 +96,16 @@ def main() -> None:
     elementwise_chain(args.chain)  # warm the shape-inference memo and the executable cache
     runs = [elementwise_chain(args.chain) for _ in range(args.repeats)]
     per_op = statistics.median(t / n for t, n in runs) * 1e6
+    floor_x = torch.Tensor._make_wrapper_subclass(_Floor, (128, 128), dtype=torch.float32)
+    floor = statistics.median(_chain(floor_x, args.chain)[0] for _ in range(args.repeats))
+    cpu = torch.randn(128, 128)
+    eager = statistics.median(_chain(cpu, args.chain)[0] for _ in range(args.repeats))
+    floor, eager = floor / args.chain * 1e6, eager / args.chain * 1e6
     print(f"elementwise chain: {runs[0][1]} ops, {per_op:.2f} us/op (median of {args.repeats})")
+    print(
+        f"  same run: Python-subclass floor {floor:.2f} us/op (lazy = {per_op / floor:.2f}x), "
+        f"eager CPU 128x128 {eager:.2f} us/op (lazy = {per_op / eager:.2f}x)"
+    )
 
     torch.manual_seed(0)
     model = nn.Sequential(
