@@ -41,7 +41,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """Host array of a CPU tensor; bfloat16 travels as its uint16 bit pattern."""
-    t = t.detach().contiguous()
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.uint16).numpy()
     return t.numpy()

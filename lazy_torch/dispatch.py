@@ -428,6 +428,22 @@ def _inplace(functional: Any) -> Handler:
     return handle
 
 
+def become(self: LazyTensor, other: LazyTensor) -> LazyTensor:
+    """Give ``self`` the sizes, strides and value of ``other`` (in-place metadata ops)."""
+    torch.Tensor.data.__set__(self, other)  # swaps the C++ sizes and strides
+    self._lazy, self._meta = other._lazy, other._meta
+    return self
+
+
+def _inplace_view(functional: Any) -> Handler:
+    """``squeeze_``, ``transpose_``, ``as_strided_``, ...: self becomes the view."""
+
+    def handle(func: Any, args: tuple, kwargs: dict) -> Any:
+        return become(args[0], dispatch(functional, args, kwargs))
+
+    return handle
+
+
 def _out(functional: Any) -> Handler:
     out_names = None
     takes_options = any(a.name == "dtype" for a in functional._schema.arguments)
@@ -511,8 +527,9 @@ def _resolve(func: Any) -> Handler:
     if functional is not None and (
         runtime.has_lowering(str(functional)) or functional in decomposition_table
     ):
-        is_inplace = func._schema.name.endswith("_")
-        return _inplace(functional) if is_inplace else _out(functional)
+        if not func._schema.name.endswith("_"):
+            return _out(functional)
+        return _inplace_view(functional) if functional in VIEWS else _inplace(functional)
     decomp = decomposition_table.get(func)
     if decomp is not None:
         return _decomposed(decomp)

@@ -8,7 +8,7 @@ import torch
 
 from lazy_torch import rng
 from lazy_core import View
-from lazy_torch.dispatch import assign, assign_node, dispatch, record, special
+from lazy_torch.dispatch import assign, assign_node, become, dispatch, record, special
 from lazy_torch.dispatch import recorded as _recorded_or_fallback
 from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, wrap
 
@@ -31,6 +31,14 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return record(aten.empty_strided.default, (tuple(size), tuple(stride)), kwargs)
 
 
+def _copy_from(src, dst, non_blocking=False):
+    # Reached by copies that skip Python dispatch (tensor construction from data).
+    if isinstance(dst, LazyTensor):
+        return _copy_into(dst, src)
+    return dst.copy_(to_cpu(src))
+
+
+_lib.impl("_copy_from", _copy_from, "Lazy")
 _lib.impl("empty.memory_format", _empty, "Lazy")
 _lib.impl("empty_strided", _empty_strided, "Lazy")
 
@@ -146,11 +154,24 @@ def _random(func, args, kwargs):
     return record(func, args, kwargs, extra=_rng_operands)
 
 
+@special(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm_eval(func, args, kwargs):
+    # Eager returns empty saved statistics in evaluation; the meta kernels give (C,).
+    out = record(aten._native_batch_norm_legit_no_training.default, args, kwargs)[0]
+    stats_dtype = torch.float32 if out.dtype in (torch.float16, torch.bfloat16) else out.dtype
+    empty = {"dtype": stats_dtype, "device": out.device}
+    return out, _empty((0,), **empty), _empty((0,), **empty)
+
+
 @special(aten.native_batch_norm.default)
 def _native_batch_norm(func, args, kwargs):
     # Training updates running stats in place: record the functional form, then substitute.
     input, weight, bias, running_mean, running_var, training, momentum, eps = args  # no defaults
-    if not training or running_mean is None:
+    if not training and running_mean is not None:
+        return _batch_norm_eval(
+            None, (input, weight, bias, running_mean, running_var, momentum, eps), {}
+        )
+    if running_mean is None:
         return record(func, args, kwargs)
     out, mean, invstd, new_mean, new_var = dispatch(
         aten._native_batch_norm_legit_functional.default,
@@ -202,3 +223,23 @@ def _index_put(func, args, kwargs):
         mask = mask.bool().reshape(tuple(mask.shape) + (1,) * (self.dim() - mask.dim()))
         return dispatch(aten.where.self, (mask, values.reshape(()).to(self.dtype), self), {})
     return dispatch(func, (self, _mask_to_indices(indices), values, *args[3:]), kwargs)
+
+
+@special(aten.resize_.default)
+def _resize_(func, args, kwargs):
+    self, size = args[0], tuple(args[1])
+    numel = 1
+    for n in size:
+        numel *= n
+    if tuple(self.shape) == size:
+        return self
+    flat = dispatch(aten.reshape.default, (self, (-1,)), {}) if self.numel() else None
+    if flat is None or numel > flat.numel():
+        # New elements are uninitialized in eager; here they are zeros.
+        grow = dispatch(aten.zeros.default, ((numel - (flat.numel() if flat is not None else 0),),),
+                        {"dtype": self.dtype, "device": self.device})
+        flat = grow if flat is None else dispatch(aten.cat.default, ([flat, grow],), {})
+    else:
+        flat = dispatch(aten.slice.Tensor, (flat, 0, 0, numel), {})
+    value = dispatch(aten.clone.default, (dispatch(aten.view.default, (flat, size), {}),), {})
+    return become(self, value)

@@ -1,0 +1,168 @@
+"""Run PyTorch OpInfo samples on device='lazy' and on eager CPU and classify each op.
+
+An op is "lowered" when every sample matches eager without touching the CPU fallback, "fallback"
+when every sample matches but some sample ran an op on the fallback, and "failing" otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_flatten, tree_map
+
+import lazy_torch
+
+# OpInfo's wrapper_set_seed calls torch._lazy.mark_step() for tensors of device type 'lazy'
+# (PyTorch's legacy lazy-tensor core, which this backend never initializes): point it at ours.
+torch._lazy = types.SimpleNamespace(mark_step=lambda *a, **k: lazy_torch.mark_step())
+
+MAX_SAMPLES = 6
+DTYPES = (torch.float32, torch.int64, torch.bool)
+# A representative subset also runs in bfloat16.
+BF16_OPS = {
+    "add", "mul", "sub", "div.no_rounding_mode", "matmul", "mm", "bmm", "addmm", "softmax",
+    "log_softmax", "nn.functional.linear", "nn.functional.conv2d", "nn.functional.layer_norm",
+    "nn.functional.gelu", "nn.functional.relu", "nn.functional.silu", "sum", "mean", "exp",
+    "tanh", "sigmoid", "cat", "where", "nn.functional.embedding", "nn.functional.cross_entropy",
+    "rsqrt", "pow", "amax", "nn.functional.scaled_dot_product_attention",
+}
+# Values of random ops are not comparable with eager's; their shapes and dtypes are.
+RANDOM_OPS = {
+    "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial",
+    "normal", "normal.in_place", "normal.number_mean", "rand_like", "randint", "randint_like",
+    "randn", "randn_like", "uniform", "nn.functional.dropout", "nn.functional.dropout2d",
+    "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "nn.functional.feature_alpha_dropout.with_train",
+    "nn.functional.feature_alpha_dropout.without_train", "nn.functional.rrelu",
+    "randperm", "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
+    "empty_permuted", "torch.empty",
+}
+
+
+def op_name(op) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+OPS = {op_name(op): op for op in op_db}
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: str  # "lowered", "fallback", "failing", "skipped"
+    detail: str = ""
+    fallbacks: tuple[str, ...] = ()
+
+
+def _to_lazy(x: Any) -> Any:
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            t = v.detach().to("lazy")
+            return t.requires_grad_(v.requires_grad) if v.is_floating_point() else t
+        if isinstance(v, torch.device) and v.type == "cpu":
+            return torch.device("lazy")
+        return v
+
+    return tree_map(move, x)
+
+
+def _tolerance(dtype: torch.dtype) -> dict:
+    if dtype in (torch.bfloat16, torch.float16):
+        return {"atol": 2e-2, "rtol": 2e-2}
+    return {"atol": 1e-4, "rtol": 1.3e-5 * 10}
+
+
+def _compare(got: Any, expected: Any, random: bool) -> None:
+    g_leaves, g_spec = tree_flatten(got)
+    e_leaves, e_spec = tree_flatten(expected)
+    assert len(g_leaves) == len(e_leaves), (len(g_leaves), len(e_leaves))
+    for g, e in zip(g_leaves, e_leaves):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(g, torch.Tensor), type(g)
+            assert g.shape == e.shape, (g.shape, e.shape)
+            assert g.dtype == e.dtype, (g.dtype, e.dtype)
+            if not random:
+                g_cpu = g.detach().cpu() if g.device.type == "lazy" else g.detach()
+                torch.testing.assert_close(g_cpu, e.detach(), equal_nan=True, **_tolerance(e.dtype))
+        elif isinstance(e, (int, float, bool)) and not random:
+            assert g == e or (g != g and e != e), (g, e)
+
+
+def _fallbacks(before: dict) -> tuple[str, ...]:
+    after = lazy_torch.metrics.counters()
+    return tuple(
+        sorted(k for k, v in after.items() if k.startswith("fallback::") and v > before.get(k, 0))
+    )
+
+
+def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
+    """Run up to MAX_SAMPLES samples of ``op`` in ``dtype``, eagerly and lazily, and compare."""
+    if dtype not in op.supported_dtypes("cpu"):
+        return Outcome("skipped", f"{dtype} unsupported in eager")
+    random = op_name(op) in RANDOM_OPS
+    try:
+        samples = list(op.sample_inputs("cpu", dtype, requires_grad=grads))[:MAX_SAMPLES]
+    except Exception as e:
+        return Outcome("skipped", f"no samples: {type(e).__name__}")
+    fallbacks: set[str] = set()
+    checked = 0
+    for sample in samples:
+        args = (sample.input, *sample.args)
+        try:
+            expected = op(*args, **sample.kwargs)
+        except Exception as eager_error:
+            before = lazy_torch.metrics.counters()
+            try:
+                op(*_to_lazy(args), **_to_lazy(sample.kwargs))
+                lazy_torch.mark_step(wait=True)
+            except type(eager_error):
+                fallbacks.update(_fallbacks(before))
+                continue
+            except Exception as e:
+                return Outcome("failing", f"eager raised {type(eager_error).__name__}, lazy "
+                                          f"{type(e).__name__}: {str(e)[:200]}")
+            return Outcome("failing", f"eager raised {type(eager_error).__name__}, lazy did not")
+        before = lazy_torch.metrics.counters()
+        try:
+            lazy_args, lazy_kwargs = _to_lazy(args), _to_lazy(sample.kwargs)
+            got = op(*lazy_args, **lazy_kwargs)
+            _compare(got, expected, random)
+            if grads and not random:
+                _compare_grads(args, expected, lazy_args, got)
+        except Exception as e:
+            return Outcome("failing", f"{type(e).__name__}: {str(e)[:300]}")
+        finally:
+            lazy_torch.mark_step(wait=True)
+        fallbacks.update(_fallbacks(before))
+        checked += 1
+    if checked == 0:
+        return Outcome("skipped", "eager accepts no sample")
+    return Outcome("fallback" if fallbacks else "lowered", "", tuple(sorted(fallbacks)))
+
+
+def _float_leaves(x: Any) -> list[torch.Tensor]:
+    return [
+        t for t in tree_flatten(x)[0]
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+    ]
+
+
+def _compare_grads(args, expected, lazy_args, got) -> None:
+    inputs, lazy_inputs = _float_leaves(args), _float_leaves(lazy_args)
+    outs, lazy_outs = _float_leaves(expected), _float_leaves(got)
+    if not inputs or not outs:
+        return
+    torch.manual_seed(0)
+    cotangents = [torch.randn_like(o) for o in outs]
+    eager_grads = torch.autograd.grad(outs, inputs, cotangents, allow_unused=True)
+    lazy_grads = torch.autograd.grad(
+        lazy_outs, lazy_inputs, [c.to("lazy") for c in cotangents], allow_unused=True
+    )
+    for e, g in zip(eager_grads, lazy_grads):
+        if e is None:
+            continue
+        assert g is not None, "missing gradient"
+        torch.testing.assert_close(g.cpu(), e, equal_nan=True, atol=1e-3, rtol=1e-3)
