@@ -12,7 +12,9 @@ from lowerings.registry import LOWERINGS, LoweringContext, lowering  # noqa: E40
 from lowerings import (  # noqa: E402, F401
     creation,
     elementwise,
+    fft,
     linalg,
+    linalg_solvers,
     losses,
     movement,
     convolution,
@@ -20,6 +22,8 @@ from lowerings import (  # noqa: E402, F401
     normalization,
     random,
     reduction,
+    sorting,
+    special,
 )
 
 __all__ = ["LOWERINGS", "LoweringContext", "lowering"]

@@ -1,0 +1,1 @@
+"""Lowerings: linalg_solvers ops."""
