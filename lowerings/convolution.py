@@ -463,11 +463,17 @@ def _adaptive_avg_pool(x: Any, outs: Sequence[int]) -> Any:
 
 
 def _adaptive_avg_pool_forward(ctx, self, output_size, *, n):
+    if 0 in ctx.shape or self.size == 0:  # an empty output, or nothing to average
+        return jnp.zeros(ctx.shape, ctx.dtype) if 0 in ctx.shape else jnp.full(
+            ctx.shape, jnp.nan, ctx.dtype
+        )
     acc = accumulation_dtype(ctx.dtype)
     return _adaptive_avg_pool(self.astype(acc), _expand(output_size, n)).astype(ctx.dtype)
 
 
 def _adaptive_avg_pool_backward(ctx, grad_output, self, *, n):
+    if grad_output.size == 0 or self.size == 0:
+        return jnp.zeros(ctx.shape, ctx.dtype)
     acc = accumulation_dtype(ctx.dtype)
     outs = grad_output.shape[-n:]
     _, vjp = jax.vjp(lambda x: _adaptive_avg_pool(x, outs), self.astype(acc))

@@ -53,24 +53,37 @@ def _src_values(src: Any, index: Any, dtype: Any) -> Any:
 
 @lowering("aten.gather.default")
 def _gather(ctx, x, dim, index, *, sparse_grad=False):
+    if index.size == 0:
+        return jnp.zeros(ctx.shape, ctx.dtype)
     x, index = _at_least_1d(x, index)
     dim = _dim(dim, x.ndim)
     out = x[_coordinates(index, dim)]
     return jnp.reshape(out, ctx.shape)
 
 
+def _add(ref, v):
+    # For bool, PyTorch's sum saturates: adding is logical or (max); multiplying is and (min).
+    return ref.max(v) if v.dtype == jnp.bool_ else ref.add(v)
+
+
+def _multiply(ref, v):
+    return ref.min(v) if v.dtype == jnp.bool_ else ref.multiply(v)
+
+
 _SCATTER_MODES = {
     None: lambda ref, v: ref.set(v),
-    "add": lambda ref, v: ref.add(v),
-    "sum": lambda ref, v: ref.add(v),
-    "multiply": lambda ref, v: ref.multiply(v),
-    "prod": lambda ref, v: ref.multiply(v),
+    "add": _add,
+    "sum": _add,
+    "multiply": _multiply,
+    "prod": _multiply,
     "amax": lambda ref, v: ref.max(v),
     "amin": lambda ref, v: ref.min(v),
 }
 
 
 def _scatter_impl(ctx, x, dim, index, src, reduce=None):
+    if index.size == 0:  # nothing is written
+        return jnp.reshape(x, ctx.shape)
     x, index = _at_least_1d(x, index)
     dim = _dim(dim, x.ndim)
     values = _src_values(src, index, x.dtype)
@@ -108,6 +121,8 @@ def _reduce_identity(reduce: str, dtype: Any) -> Any:
 
 @lowering("aten.scatter_reduce.two")
 def _scatter_reduce(ctx, x, dim, index, src, reduce, *, include_self=True):
+    if index.size == 0:
+        return jnp.reshape(x, ctx.shape)
     x, index, src = _at_least_1d(x, index, src)
     dim = _dim(dim, x.ndim)
     coords = _coordinates(index, dim)
@@ -146,7 +161,7 @@ def _index_add(ctx, x, dim, index, source, *, alpha=1):
     if not (isinstance(alpha, (int, float)) and alpha == 1):
         source = source * jnp.asarray(alpha).astype(x.dtype)
     position = (slice(None),) * dim + (jnp.reshape(index, (-1,)),)
-    return jnp.reshape(x.at[position].add(source), ctx.shape)
+    return jnp.reshape(_add(x.at[position], source), ctx.shape)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -173,7 +188,7 @@ def _index(ctx, x, indices):
 def _index_put(ctx, x, indices, values, accumulate=False):
     ref = x.at[_index_tuple(indices)]
     values = values.astype(x.dtype)
-    return ref.add(values) if accumulate else ref.set(values)
+    return _add(ref, values) if accumulate else ref.set(values)
 
 
 # ------------------------------------------------------------------------------------------------

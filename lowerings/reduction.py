@@ -252,6 +252,8 @@ def _shifted(ctx, x, dim):
     """``x - max(x)`` along ``dim`` in the compute dtype, and the axes reduced."""
     x = x.astype(_acc(ctx.dtype))
     axes = _softmax_axes(x, dim)
+    if x.size == 0:  # no maximum to shift by, and nothing to compute
+        return x, axes
     return x - jnp.max(x, axis=axes, keepdims=True), axes
 
 
