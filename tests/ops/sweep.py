@@ -1,6 +1,6 @@
 """Run the OpInfo harness over op_db (or some ops) in parallel; print and save the outcomes.
 
-    python -m tests.ops.sweep                    # everything, results in /tmp/opinfo_sweep.json
+    python -m tests.ops.sweep                    # everything; results saved to /tmp/opinfo_sweep.json
     python -m tests.ops.sweep sort argsort       # just these op_db entries, with details
 """
 
@@ -41,8 +41,9 @@ def main() -> None:
     for key, (status, detail, fallbacks) in sorted(results.items()):
         if len(names) <= 40 or status == "failing":
             print(f"{status:9s} {key} {detail[:200]} {' '.join(fallbacks)}")
-    with open("/tmp/opinfo_sweep.json", "w") as f:
-        json.dump(results, f, indent=0)
+    if not sys.argv[1:]:
+        with open("/tmp/opinfo_sweep.json", "w") as f:
+            json.dump(results, f, indent=0)
 
 
 if __name__ == "__main__":
