@@ -163,7 +163,7 @@ def _batch_norm_eval(func, args, kwargs):
     return out, _empty((0,), **empty), _empty((0,), **empty)
 
 
-@special(aten.native_batch_norm.default)
+@special(aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
 def _native_batch_norm(func, args, kwargs):
     # Training updates running stats in place: record the functional form, then substitute.
     input, weight, bias, running_mean, running_var, training, momentum, eps = args  # no defaults
@@ -236,8 +236,11 @@ def _resize_(func, args, kwargs):
     flat = dispatch(aten.reshape.default, (self, (-1,)), {}) if self.numel() else None
     if flat is None or numel > flat.numel():
         # New elements are uninitialized in eager; here they are zeros.
-        grow = dispatch(aten.zeros.default, ((numel - (flat.numel() if flat is not None else 0),),),
-                        {"dtype": self.dtype, "device": self.device})
+        grow = dispatch(
+            aten.zeros.default,
+            ((numel - (flat.numel() if flat is not None else 0),),),
+            {"dtype": self.dtype, "device": self.device},
+        )
         flat = grow if flat is None else dispatch(aten.cat.default, ([flat, grow],), {})
     else:
         flat = dispatch(aten.slice.Tensor, (flat, 0, 0, numel), {})

@@ -178,6 +178,8 @@ def _convolution_backward(
     if output_mask[0]:
         if transposed:
             gi = _conv_forward(ctx, grad_output, weight, stride, padding, dilation, groups, acc)
+            # Rows the forward's output_padding added reach no input: drop what they produce.
+            gi = gi[(slice(None), slice(None)) + tuple(slice(0, i) for i in input.shape[2:])]
         else:
             # The output padding that makes the transposed conv give back the input's size:
             # input rows the forward strides never reached.
@@ -464,8 +466,10 @@ def _adaptive_avg_pool(x: Any, outs: Sequence[int]) -> Any:
 
 def _adaptive_avg_pool_forward(ctx, self, output_size, *, n):
     if 0 in ctx.shape or self.size == 0:  # an empty output, or nothing to average
-        return jnp.zeros(ctx.shape, ctx.dtype) if 0 in ctx.shape else jnp.full(
-            ctx.shape, jnp.nan, ctx.dtype
+        return (
+            jnp.zeros(ctx.shape, ctx.dtype)
+            if 0 in ctx.shape
+            else jnp.full(ctx.shape, jnp.nan, ctx.dtype)
         )
     acc = accumulation_dtype(ctx.dtype)
     return _adaptive_avg_pool(self.astype(acc), _expand(output_size, n)).astype(ctx.dtype)

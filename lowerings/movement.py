@@ -193,6 +193,11 @@ def _identity(ctx, self, *args, **kwargs):
     return self
 
 
+@lowering("aten.copy.default")
+def _copy(ctx, self, src, non_blocking=False):
+    return jnp.broadcast_to(jnp.asarray(src).astype(ctx.dtype), ctx.shape)
+
+
 @lowering("aten._to_copy.default")
 def _to_copy(ctx, self, **kwargs):
     return self.astype(ctx.dtype)

@@ -1,7 +1,7 @@
 """Run the OpInfo harness over op_db (or some ops) in parallel; print and save the outcomes.
 
-    python -m tests.ops.sweep                    # everything; results saved to /tmp/opinfo_sweep.json
-    python -m tests.ops.sweep sort argsort       # just these op_db entries, with details
+python -m tests.ops.sweep                    # everything; results saved to /tmp/opinfo_sweep.json
+python -m tests.ops.sweep sort argsort       # just these op_db entries, with details
 """
 
 from __future__ import annotations

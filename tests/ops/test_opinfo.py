@@ -1,0 +1,68 @@
+"""PyTorch's OpInfo database on device='lazy' against eager CPU: values, dtypes, shapes, gradients.
+
+Two passes over the same samples: ``test_matches_eager`` allows the CPU fallback and fails on any
+wrong result; ``test_lowered`` fails when a sample ran an op on the fallback. Expected fallbacks
+and known failures live in expectations.py (generated, each with its reason); an entry that stops
+falling back or failing fails its test until the list is regenerated.
+"""
+
+import pytest
+import torch
+
+from tests.ops.expectations import FAILING, FALLBACK
+from tests.ops.harness import BF16_OPS, DTYPES, OPS, run_op
+
+# Entries that cannot run on this device at all, with the reason.
+SKIP = {
+    "to_sparse": "sparse layouts: not supported by XLA",
+    "sparse.mm.reduce": "sparse layouts: not supported by XLA",
+    "sparse.sampled_addmm": "sparse layouts: not supported by XLA",
+    "chalf": "complex32 has no XLA element type",
+    "as_strided.partial_views": "addresses the sample's base storage, which .to('lazy') does not copy",
+    "tensor_split": "eager requires the split indices on the CPU; the harness moves them to lazy",
+}
+
+CASES = [
+    pytest.param(
+        name,
+        dtype,
+        id=f"{name}-{str(dtype).removeprefix('torch.')}",
+        marks=[pytest.mark.slow, pytest.mark.xdist_group(name)],
+    )
+    for name in sorted(OPS)
+    for dtype in DTYPES + ((torch.bfloat16,) if name in BF16_OPS else ())
+]
+_outcomes: dict = {}
+
+
+def _outcome(name, dtype):
+    if name in SKIP:
+        pytest.skip(SKIP[name])
+    key = (name, dtype)
+    if key not in _outcomes:
+        grads = dtype == torch.float32 and OPS[name].supports_autograd
+        _outcomes[key] = run_op(OPS[name], dtype, grads=grads)
+    outcome = _outcomes[key]
+    if outcome.status == "skipped":
+        pytest.skip(outcome.detail)
+    return outcome
+
+
+@pytest.mark.parametrize("name, dtype", CASES)
+def test_matches_eager(name, dtype):
+    outcome = _outcome(name, dtype)
+    known = FAILING.get(f"{name}|{dtype}")
+    if known is not None:
+        assert outcome.status == "failing", f"fixed: remove {name}|{dtype} from FAILING"
+        pytest.xfail(known)
+    assert outcome.status in ("lowered", "fallback"), outcome.detail
+
+
+@pytest.mark.parametrize("name, dtype", CASES)
+def test_lowered(name, dtype):
+    outcome = _outcome(name, dtype)
+    if outcome.status == "failing":
+        pytest.skip("wrong results are test_matches_eager's failure")
+    if name in FALLBACK and outcome.status == "fallback":
+        pytest.xfail(FALLBACK[name])
+    assert outcome.status == "lowered", f"ran on the CPU fallback: {outcome.fallbacks}"
