@@ -86,6 +86,8 @@ RANDOM_OPS = {
     "empty_strided",
     "empty_permuted",
     "torch.empty",
+    "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d",
 }
 
 
