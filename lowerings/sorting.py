@@ -23,6 +23,12 @@ from lowerings.registry import LoweringContext, lowering
 # ties.
 
 _POS = jnp.int32  # positions inside one row
+_CPU_ACC = {
+    np.dtype(jnp.bfloat16): np.dtype(np.float32),
+    np.dtype(np.float16): np.dtype(np.float32),
+    np.dtype(np.float32): np.dtype(np.float64),
+    np.dtype(np.complex64): np.dtype(np.complex128),
+}
 _INSERTION_SORT_MAX = 16  # libstdc++'s _S_threshold
 _RADIX_SORT_MIN = 32768  # at::internal::GRAIN_SIZE: fbgemm's (stable) radix sort from here on
 
@@ -447,21 +453,19 @@ def _topk(ctx, x, k, dim=-1, largest=True, sorted=True):
         return _empty(ctx)
     ranks = _ranks(rows)[0]
     keys = -ranks if largest else ranks
-    order_keys, order = lax.sort((keys, lax.broadcasted_iota(_POS, keys.shape, 1)), num_keys=1)
+    replay = functools.partial(jax.vmap(_topk_row, in_axes=(0, None, None)), keys, k, sorted)
     if k * 64 > n and not sorted and k > 1:
         # nth_element leaves the first k in an order of its own, ties or not.
-        idx = jax.vmap(_topk_row, in_axes=(0, None, None))(keys, k, sorted)
+        idx = replay()
     else:
-        # Sorted, the first k are unique unless the first k + 1 hold equal keys; a heap of one
-        # keeps the first of equal elements, as the stable order does.
+        # Sorted, the first k have one possible order unless the first k + 1 hold equal keys.
+        order_keys, order = lax.sort((keys, lax.broadcasted_iota(_POS, keys.shape, 1)), num_keys=1)
         tied = jnp.any(order_keys[:, 1 : k + 1] == order_keys[:, : min(k, n - 1)])
         if k == 1 and k * 64 <= n:
-            tied = jnp.asarray(False)
-
-        def replay():
-            return jax.vmap(_topk_row, in_axes=(0, None, None))(keys, k, sorted)
-
-        idx = lax.cond(tied, replay, lambda: order[:, :k])
+            # A heap of one keeps the first of equal elements, as the stable order does.
+            idx = order[:, :1]
+        else:
+            idx = lax.cond(tied, replay, lambda: order[:, :k])
     values = _gather(rows, idx)
     return _along(ctx, values, batch, ndim, dim), _along(ctx, idx, batch, ndim, dim, 1)
 
@@ -506,7 +510,7 @@ def _median_of_all(ctx, x, ignore_nan: bool):
     nth = jnp.where(valid > 0, (valid - 1) // 2, 0)
     ranks, order, tied = _ranks(rows)
     value = rows[0, _nth_of(ranks, order, tied, nth)[0]]
-    if not ignore_nan:
+    if not ignore_nan and jnp.issubdtype(rows.dtype, jnp.inexact):
         value = jnp.where(nans[0] > 0, jnp.nan, value)
     return value.astype(ctx.dtype)
 
@@ -570,7 +574,7 @@ def _mode(ctx, x, dim=-1, keepdim=False):
     idx = _std_sort_rows(rows, descending=False)
     values = _gather(rows, idx)
     differs = values[:, 1:] != values[:, :-1]
-    edge = jnp.ones_like(differs[:, :1])
+    edge = jnp.ones((rows.shape[0], 1), bool)
     starts = jnp.concatenate([edge, differs], axis=1)
     ends = jnp.concatenate([differs, edge], axis=1)
     pos = lax.broadcasted_iota(_POS, rows.shape, 1)
@@ -601,8 +605,9 @@ def _cumulative_extremum(replaces):
             return jnp.where(take, vb, va), jnp.where(take, ib, ia)
 
         index = lax.broadcasted_iota(ctx.dtypes[1], x.shape, axis)
-        values, index = lax.associative_scan(combine, (x, index), axis=axis)
-        return values.astype(ctx.dtypes[0]), index
+        index = lax.associative_scan(combine, (x, index), axis=axis)[1]
+        # The scan interleaves partial results by adding zeros, which turns -0.0 into 0.0.
+        return jnp.take_along_axis(x, index, axis=axis).astype(ctx.dtypes[0]), index
 
     return lower
 
@@ -630,9 +635,10 @@ def _logcumsumexp(ctx, x, dim):
     x = jnp.asarray(x)
     if x.ndim == 0 or x.size == 0:
         return x.astype(ctx.dtype)
-    # Half and bfloat16 accumulate in float32, as eager's acc_type does.
-    reduced = np.dtype(ctx.dtype) in (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
-    acc = np.dtype(np.float32) if reduced else ctx.dtype
+    # Eager CPU accumulates in acc_type<T, /*is_cuda=*/false>: float32 and complex64 in double
+    # precision, half and bfloat16 in float32. The backward's formula cancels badly enough that
+    # a float32 forward puts its gradient visibly off eager's.
+    acc = _CPU_ACC.get(np.dtype(ctx.dtype), ctx.dtype)
     combine = _log_add_exp_complex if jnp.issubdtype(acc, jnp.complexfloating) else jnp.logaddexp
     out = lax.associative_scan(combine, x.astype(acc), axis=dim % x.ndim)
     return out.astype(ctx.dtype)
