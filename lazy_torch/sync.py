@@ -38,6 +38,8 @@ def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
     for s in storages:
         if s.pending:
             by_device.setdefault(s.device, []).append(s)
+    if by_device:
+        runtime.metrics.count(f"syncs::{cause}")
     held = (
         {id(s.node.payload) for s in live_storages() if not s.pending}
         if donate and by_device

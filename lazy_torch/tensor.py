@@ -59,7 +59,7 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {})
+        return _dispatch.dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         cpu = to_cpu(self, cause="print")
@@ -134,4 +134,4 @@ def to_cpu(t: LazyTensor, cause: str = "cpu") -> torch.Tensor:
     return out
 
 
-from lazy_torch.dispatch import dispatch as _dispatch
+from lazy_torch import dispatch as _dispatch  # last: dispatch imports this module

@@ -22,6 +22,9 @@ from lowerings import (  # noqa: E402, F401
     normalization,
     random,
     reduction,
+    resampling,
+    scatter,
+    selection,
     sorting,
     special,
 )

@@ -99,14 +99,19 @@ def test_scalars_are_parameters_not_constants():
     ) and "constant(1)" in lazy_torch.debug.ir_text(x * 1)
 
 
-def test_fallback_op_runs_on_cpu_and_is_counted():
+def test_fallback_op_runs_on_cpu_and_is_counted(monkeypatch):
+    # Any op can take the fallback path: route cumsum there, whatever the lowering table holds.
+    from lazy_torch import dispatch, fallback
+
+    monkeypatch.setitem(dispatch._handlers, id(torch.ops.aten.cumsum.default), fallback.run)
     cpu = torch.tensor([3.0, -1.0, 0.0, 2.0])
-    x = cpu.to("lazy")
-    got = torch.nonzero(x)
+    x = cpu.to("lazy") * 2
+    got = torch.cumsum(x, 0)
     assert isinstance(got, lazy_torch.LazyTensor)
-    assert torch.equal(got.cpu(), torch.nonzero(cpu))
+    assert torch.equal(got.cpu(), torch.cumsum(cpu * 2, 0))
     counters = lazy_torch.metrics.counters()
-    assert counters["fallback::aten.nonzero.default"] == 1
+    assert counters["fallback::aten.cumsum.default"] == 1
+    assert counters["syncs::fallback"] >= 1
     assert "test_tensor.py" in lazy_torch.metrics.report()
 
 

@@ -1,0 +1,199 @@
+"""Ops whose output shape or Python result depends on tensor values.
+
+Each handler computes on the device, syncs only the number that decides the result's size (a
+count, a maximum) or the Python value the op returns, and builds the rest from lowered ops. So
+``nonzero``, ``unique``, ``masked_select``, ``bincount`` and ``repeat_interleave`` cost one small
+transfer, not a CPU fallback of their inputs; the sync is counted under the op's name as cause.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lazy_torch.dispatch import _raise_eager_error, _to_meta, special
+from lazy_torch.tensor import to_cpu
+
+aten = torch.ops.aten
+
+
+def _fetch(t: torch.Tensor, cause: str) -> list:
+    """The values of a small lazy tensor as Python numbers (one sync)."""
+    return to_cpu(t, cause=cause).tolist()
+
+
+def _check_like_eager(func: Any, args: tuple, kwargs: dict) -> None:
+    """Raise the error eager gives for arguments of these shapes and dtypes, if any."""
+    _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
+
+
+# ----------------------------------------------------------------------------------------------
+# Python results: the comparison runs on the device; only its boolean comes back.
+
+
+@special(aten.equal.default)
+def _equal(func, args, kwargs):
+    a, b = args
+    if a.shape != b.shape:
+        return False
+    return bool(_fetch((a == b).all(), "equal"))
+
+
+@special(aten.allclose.default)
+def _allclose(func, args, kwargs):
+    close = torch.isclose(*args, **kwargs)
+    return bool(_fetch(close.all(), "allclose"))
+
+
+@special(aten._linalg_check_errors.default)
+def _linalg_check_errors(func, args, kwargs):
+    # LAPACK-style ``info`` codes: eager raises on a singular or non-definite input. Only the
+    # codes travel; a nonzero one is handed to eager's own check for its exact message.
+    info = args[0]
+    if info.numel() and _fetch(info.ne(0).any(), "linalg_check"):
+        func(to_cpu(info, cause="linalg_check"), *args[1:], **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data-dependent sizes: sync the size, then record static-size ops.
+
+
+def _count(mask: torch.Tensor, cause: str) -> int:
+    return int(_fetch(mask.sum(), cause))
+
+
+@special(aten.nonzero.default)
+def _nonzero(func, args, kwargs):
+    x = args[0]
+    _check_like_eager(func, args, kwargs)
+    size = _count(x.ne(0), "nonzero")
+    return aten.nonzero_static.default(x, size=size)
+
+
+@special(aten.masked_select.default)
+def _masked_select(func, args, kwargs):
+    x, mask = args
+    _check_like_eager(func, args, kwargs)
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    flat_mask = mask.expand(shape).reshape(-1)
+    index = _nonzero(aten.nonzero.default, (flat_mask,), {}).reshape(-1)
+    return x.expand(shape).reshape(-1)[index]
+
+
+@special(aten.bincount.default)
+def _bincount(func, args, kwargs):
+    x = args[0]
+    weights = args[1] if len(args) > 1 else kwargs.get("weights")
+    minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+    _check_like_eager(func, args, kwargs)
+    length = minlength
+    if x.numel():
+        low, high = _fetch(torch.stack([x.min(), x.max()]), "bincount")
+        if low < 0:
+            func(torch.tensor([low]), minlength=minlength)  # eager's error
+        length = max(high + 1, minlength)
+    if weights is None:
+        dtype, values = torch.int64, torch.ones_like(x, dtype=torch.int64)
+    else:
+        dtype = weights.dtype if weights.dtype == torch.float32 else torch.float64
+        values = weights.to(dtype)
+    out = torch.zeros(length, dtype=dtype, device=x.device)
+    return out.index_add(0, x, values)
+
+
+@special(aten.repeat_interleave.Tensor)
+def _repeat_interleave(func, args, kwargs):
+    repeats = args[0]
+    output_size = kwargs.get("output_size")
+    _check_like_eager(func, args, {})
+    if repeats.numel() == 0:
+        return torch.zeros(0, dtype=repeats.dtype, device=repeats.device)
+    ends = repeats.cumsum(0)
+    if output_size is None:
+        low, output_size = _fetch(torch.stack([repeats.min(), ends[-1]]), "repeat_interleave")
+        if low < 0:
+            func(torch.tensor([low]))  # eager's error
+    positions = torch.arange(output_size, dtype=ends.dtype, device=repeats.device)
+    return torch.searchsorted(ends, positions, right=True).to(repeats.dtype)
+
+
+def _unique_rows(rows: torch.Tensor, sort: bool, cause: str) -> tuple:
+    """Groups of equal rows of the (n, k) ``rows``: (first row of each group, inverse, counts).
+
+    With ``sort`` the groups come in lexicographic order (NaNs last, each its own group, as in
+    eager); without it only consecutive equal rows form a group.
+    """
+    n, device = rows.shape[0], rows.device
+    order = torch.arange(n, device=device)
+    if sort:
+        for col in reversed(range(rows.shape[1])):  # stable sorts, least significant column first
+            order = order[torch.sort(rows[order, col], stable=True).indices]
+    ordered = rows[order]
+    new = torch.ones(n, dtype=torch.bool, device=device)
+    if n > 1:
+        new[1:] = (ordered[1:] != ordered[:-1]).any(1)
+    groups = _count(new, cause) if n else 0
+    starts = aten.nonzero_static.default(new, size=groups).reshape(-1)
+    group_of_sorted = new.cumsum(0) - 1
+    inverse = torch.empty_like(group_of_sorted).scatter(0, order, group_of_sorted)
+    ends = torch.cat([starts[1:], torch.full((1,), n, device=device)]) if groups else starts
+    return ordered[starts], inverse, ends - starts
+
+
+def _unique_flat(x, sort, return_inverse, return_counts, cause):
+    values, inverse, counts = _unique_rows(x.reshape(-1, 1), sort, cause)
+    empty = torch.zeros(0, dtype=torch.int64, device=x.device)
+    return (
+        values.reshape(-1),
+        inverse.reshape(x.shape) if return_inverse else empty,
+        counts if return_counts else empty,
+    )
+
+
+@special(aten._unique2.default)
+def _unique2(func, args, kwargs):
+    x, _, return_inverse, return_counts = _bound(func, args, kwargs)
+    _check_like_eager(func, args, kwargs)
+    return _unique_flat(x, True, return_inverse, return_counts, "unique")
+
+
+@special(aten._unique.default)
+def _unique(func, args, kwargs):
+    x, _, return_inverse = _bound(func, args, kwargs)
+    _check_like_eager(func, args, kwargs)
+    return _unique_flat(x, True, return_inverse, False, "unique")[:2]
+
+
+@special(aten.unique_consecutive.default, aten.unique_dim.default)
+def _unique_along(func, args, kwargs):
+    if func is aten.unique_dim.default:
+        x, dim, _, return_inverse, return_counts = _bound(func, args, kwargs)
+        sort = True
+    else:
+        x, return_inverse, return_counts, dim = _bound(func, args, kwargs)
+        sort = False
+    _check_like_eager(func, args, kwargs)
+    if dim is None:
+        return _unique_flat(x, sort, return_inverse, return_counts, "unique")
+    moved = x.movedim(dim, 0)
+    values, inverse, counts = _unique_rows(moved.reshape(moved.shape[0], -1), sort, "unique")
+    values = values.reshape(-1, *moved.shape[1:]).movedim(0, dim)
+    if func is aten.unique_dim.default:
+        return values, inverse, counts
+    empty = torch.zeros(0, dtype=torch.int64, device=x.device)
+    return values, inverse if return_inverse else empty, counts if return_counts else empty
+
+
+def _bound(func: Any, args: tuple, kwargs: dict) -> list:
+    """Every argument of ``func`` in schema order, defaults filled in."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if i < len(args):
+            out.append(args[i])
+        elif a.name in kwargs:
+            out.append(kwargs[a.name])
+        else:
+            out.append(a.default_value)
+    return out
+
