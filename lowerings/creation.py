@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from lowerings.dtypes import cast
 from lowerings.registry import lowering
@@ -23,7 +24,22 @@ lowering(
     "aten.zeros_like.default",
     "aten.new_zeros.default",
     "aten.zero.default",
+    "aten._efficientzerotensor.default",
 )(_zeros)
+
+
+def _tri_indices(lower: bool):
+    def lower_fn(ctx, row, col, offset=0, **kwargs):
+        # Static: the (2, N) coordinates of the triangle in row-major order, as eager lists them.
+        rows, cols = np.indices((row, col))
+        keep = (cols - rows <= offset) if lower else (cols - rows >= offset)
+        return jnp.asarray(np.stack([rows[keep], cols[keep]]), ctx.dtype)
+
+    return lower_fn
+
+
+lowering("aten.tril_indices.default")(_tri_indices(lower=True))
+lowering("aten.triu_indices.default")(_tri_indices(lower=False))
 
 
 @lowering("aten.ones.default", "aten.ones_like.default", "aten.new_ones.default")
