@@ -227,8 +227,10 @@ def _mask_positions(mask: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
 def _masked_scatter(ctx, x, mask, source):
     flat_mask, positions = _mask_positions(mask, ctx.shape)
     source = jnp.reshape(source, (-1,)).astype(ctx.dtype)
-    picked = jnp.take(source, jnp.maximum(positions, 0), mode="clip")
     base = jnp.reshape(jnp.broadcast_to(x, ctx.shape), (-1,))
+    if source.size == 0:  # eager accepts an empty source when the mask selects nothing
+        return jnp.reshape(base, ctx.shape)
+    picked = jnp.take(source, jnp.maximum(positions, 0), mode="clip")
     return jnp.reshape(jnp.where(flat_mask, picked, base), ctx.shape)
 
 
