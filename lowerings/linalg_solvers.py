@@ -361,18 +361,27 @@ _EXP_THETAS = {
     np.dtype(np.float64): (2.220446049250313e-16, 2.580956802971767e-08, 3.397168839976962e-04,
                            4.991228871115323e-02, 2.996158913811580e-01, 1.090863719290036e00),
 }  # fmt: skip
-_SQRT_177 = 0.1330413469565007072504e2
-_T8_X3 = 2.0 / 3.0
-_T8 = (
-    _T8_X3 * (1.0 + _SQRT_177) / 88.0,
-    _T8_X3 * (1.0 + _SQRT_177) / 352.0,
-    _T8_X3,
-    (-271.0 + 29.0 * _SQRT_177) / (315.0 * _T8_X3),
-    (-11.0 + 11.0 * _SQRT_177) / (1260.0 * _T8_X3),
-    (-99.0 + 11.0 * _SQRT_177) / (5040.0 * _T8_X3),
-    (89.0 - _SQRT_177) / (5040.0 * _T8_X3),
-    (857.0 - 58.0 * _SQRT_177) / 630.0,
-)
+
+
+def _t8_coefficients(dtype: Any) -> tuple:
+    """The degree-8 coefficients x1..x7, y2 as PyTorch's ``constexpr scalar_t`` constants round
+    them: sqrt(177) and 2/3 are rounded to ``dtype`` first, then each coefficient."""
+    real = np.dtype(dtype).type
+    sqrt_177 = float(real(0.1330413469565007072504e2))
+    x3 = float(real(2.0 / 3.0))
+    values = (
+        x3 * ((1.0 + sqrt_177) / 88.0),
+        x3 * ((1.0 + sqrt_177) / 352.0),
+        x3,
+        (-271.0 + 29.0 * sqrt_177) / (315.0 * x3),
+        (-11.0 + 11.0 * sqrt_177) / (1260.0 * x3),
+        (-99.0 + 11.0 * sqrt_177) / (5040.0 * x3),
+        (89.0 - sqrt_177) / (5040.0 * x3),
+        (857.0 - 58.0 * sqrt_177) / 630.0,
+    )
+    return tuple(real(v) for v in values)
+
+
 _T12 = np.array([
     [9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740],
     [5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031,
@@ -395,12 +404,35 @@ _T18 = np.array([
 ])  # fmt: skip
 
 
+def _sum_in_order(terms: Any) -> Any:
+    """``terms[0] + terms[1] + ...`` over axis 0, one rounding per addition, as eager's loops.
+
+    The additions run in a loop over materialized terms because XLA fuses a product into the
+    addition that consumes it as one fused multiply-add, which eager's kernels do not do; the
+    squarings of matrix_exp amplify that difference beyond float32 tolerance.
+    """
+
+    def add(k, total):
+        return total + jax.lax.dynamic_index_in_dim(terms, k, keepdims=False)
+
+    return jax.lax.fori_loop(1, terms.shape[0], add, terms[0])
+
+
 def _combine(coefficients: Any, powers: list) -> Any:
     """``sum_j coefficients[j] * powers[j]``, accumulated in order as PyTorch does."""
-    out = jnp.zeros_like(powers[0])
-    for c, p in zip(coefficients, powers):
-        out = out + jnp.asarray(c, p.real.dtype) * p
-    return out
+    return _sum_in_order(
+        jnp.stack([jnp.asarray(c, p.real.dtype) * p for c, p in zip(coefficients, powers)])
+    )
+
+
+def _exp_matmul(ctx: LoweringContext, a: Any, b: Any) -> Any:
+    """matrix_exp's products: below 400 multiply-adds per matrix, eager's bmm runs a plain loop
+    over the contraction (no BLAS, no fused multiply-add); mirror it there, else use a dot."""
+    m, k = a.shape[-2:]
+    if k * m * b.shape[-1] >= 400:
+        return _matmul(ctx, a, b)
+    a, b = _broadcast_batch(a, b)
+    return _sum_in_order(jnp.moveaxis(a[..., :, :, None] * b[..., None, :, :], -2, 0))
 
 
 def _exp_taylor(ctx: LoweringContext, a: Any) -> list:
@@ -409,11 +441,11 @@ def _exp_taylor(ctx: LoweringContext, a: Any) -> list:
     All are computed and one is selected per matrix: cheaper than branching for small matrices,
     and matrix_exp is rarely hot.
     """
-    mm = functools.partial(_matmul, ctx)
+    mm = functools.partial(_exp_matmul, ctx)
     eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
     a2 = mm(a, a)
-    a3 = mm(a2, a)
-    x1, x2, x3, x4, x5, x6, x7, y2 = _T8
+    a3 = mm(a, a2)
+    x1, x2, x3, x4, x5, x6, x7, y2 = _t8_coefficients(a.real.dtype)
     a4 = mm(a2, _combine((x1, x2), [a, a2]))
     a8 = mm(_combine((x3, 1), [a2, a4]), _combine((x4, x5, x6, x7), [eye, a, a2, a4]))
     b12 = [_combine(row, [eye, a, a2, a3]) for row in _T12]
@@ -442,14 +474,16 @@ def _linalg_matrix_exp(ctx, self):
     thetas = jnp.asarray(_EXP_THETAS[real], real)
     norm = jnp.max(jnp.sum(jnp.abs(a), axis=-2), axis=-1)[..., None, None]
     squarings = jnp.maximum(0, jnp.ceil(jnp.log2(norm / thetas[5])))
+    squarings = jnp.where(jnp.isnan(norm), 0, squarings)  # others in the batch still square
     approximants = _exp_taylor(ctx, a / 2**squarings)
-    # Below the degree-12 bound no scaling happens (squarings is 0): pick the lowest degree.
-    degree = jnp.sum(norm > thetas[:5], axis=-1, keepdims=True)
-    degree = jnp.where(norm >= thetas[4], 5, degree)
-    result = jnp.select([degree == i for i in range(6)], approximants)
+    # Below the degree-12 bound no scaling happens (squarings is 0): degree i serves norms in
+    # [thetas[i - 1], thetas[i]). A NaN norm matches no interval and eager leaves all NaN.
+    degree = jnp.where(jnp.isnan(norm), -1, jnp.sum(norm >= thetas[:5], axis=-1, keepdims=True))
+    nan = jnp.full_like(approximants[0], np.nan)
+    result = jnp.select([degree == i for i in range(6)], approximants, nan)
 
     def square(i, m):
-        return jnp.where(i < squarings, _matmul(ctx, m, m), m)
+        return jnp.where(i < squarings, _exp_matmul(ctx, m, m), m)
 
     result = jax.lax.fori_loop(0, jnp.max(squarings, initial=0).astype(jnp.int32), square, result)
     return result.astype(ctx.dtype)

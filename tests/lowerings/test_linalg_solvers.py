@@ -302,6 +302,23 @@ def test_matrix_exp_picks_the_degree_per_matrix(dtype):
     torch.testing.assert_close(got, expected, rtol=rtol, atol=0)
 
 
+def test_matrix_exp_large_norm_float32_matches_eager_rounding():
+    # Four squarings of a degree-18 approximant amplify every rounding: eager's small-matrix bmm
+    # adds products one at a time (no fused multiply-add), and so must the lowering, else an
+    # entry that cancels to 0.15 among entries of 300 lands 2e-4 away (OpInfo's sample).
+    a = torch.empty(5, 5, 5).uniform_(-9, 9)
+    expected, (got,) = run_lowering(aten.linalg_matrix_exp.default, a)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_matrix_exp_nan_matrix_stays_nan_and_spares_its_batch():
+    a = _rand(2, 4, 4) * 5
+    a[0, 1, 1] = float("nan")
+    expected, (got,) = run_lowering(aten.linalg_matrix_exp.default, a)
+    assert got[0].isnan().all()
+    torch.testing.assert_close(got[1], expected[1], **_TOL[torch.float32])
+
+
 def test_matrix_exp_bfloat16_is_computed_in_float32():
     # Eager CPU PyTorch's bfloat16 matrix_exp returns inf/NaN; compare with its float32 result.
     a = _rand(3, 3).to(torch.bfloat16)
