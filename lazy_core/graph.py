@@ -53,6 +53,11 @@ def _param_index(params: Sequence[Node]) -> dict[int, int]:
     return {_param_identity(p): i for i, p in enumerate(params)}
 
 
+def _back_ref(position: int) -> int:
+    # Negative, and never -1: CPython hashes -1 like -2, which would merge two wirings.
+    return -2 - position
+
+
 def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
     """Cut the graph that computes ``roots``: one iterative post-order walk, O(nodes).
 
@@ -68,30 +73,38 @@ def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
     order: list[Node] = []
     params: list[Node] = []
     param_pos: dict[int, int] = {}
-    uses: list[int] = []  # the parameter index of every leaf occurrence, in walk order
-    visited: set[int] = set()
+    # The key must tell apart graphs whose nodes hash alike but are wired differently (leaves
+    # hash by shape and dtype only): ``wiring`` gets the parameter index of every leaf and, for
+    # every edge into a node already walked, that node's post-order position.
+    wiring: list[int] = []
+    position: dict[int, int] = {}  # id(node) -> post-order position; -1 while on the stack
     for root in unique_roots:
-        if id(root) in visited:
+        if id(root) in position:
+            wiring.append(_back_ref(position[id(root)]))
             continue
         stack: list[tuple[Node, int]] = [(root, 0)]
-        visited.add(id(root))
+        position[id(root)] = -1
         while stack:
             node, i = stack[-1]
             if i < len(node.src):
                 stack[-1] = (node, i + 1)
                 child = node.src[i]
-                if id(child) not in visited:
-                    visited.add(id(child))
+                seen = position.get(id(child))
+                if seen is None:
+                    position[id(child)] = -1
                     stack.append((child, 0))
+                else:
+                    wiring.append(_back_ref(seen))
                 continue
             stack.pop()
+            position[id(node)] = len(order)
             order.append(node)
             if node.op in PARAM_OPS:
                 ident = _param_identity(node)
                 if ident not in param_pos:
                     param_pos[ident] = len(params)
                     params.append(node)
-                uses.append(param_pos[ident])
+                wiring.append(param_pos[ident])
 
-    key = hash((tuple(r.hash for r in unique_roots), tuple(uses), len(order), salt))
+    key = hash((tuple(r.hash for r in unique_roots), tuple(wiring), len(order), salt))
     return Graph(tuple(unique_roots), tuple(order), tuple(params), key)

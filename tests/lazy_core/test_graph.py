@@ -41,6 +41,25 @@ def test_cut_deduplicates_buffers_and_keys_capture_aliasing():
     assert cut_graph([_add(a, b)], salt=("device", 1)).key != different.key
 
 
+def _mul(a, b):
+    return Node("aten.mul.Tensor", (a, b), ((Operand(0), Operand(1)), ()), "float32", a.shape)
+
+
+def test_keys_capture_which_leaf_each_edge_reads():
+    # mul(s, b) and mul(s, a) with s = add(a, b) hash alike (leaves hash by shape and dtype), and
+    # their walks meet the same leaves in the same order; only the wiring tells them apart.
+    a, b = data_leaf("buf-a", "float32", (2,)), data_leaf("buf-b", "float32", (2,))
+    s = _add(a, b)
+    assert _mul(s, b).hash == _mul(s, a).hash
+    assert cut_graph([_mul(s, b)]).key != cut_graph([_mul(s, a)]).key
+    t = _add(a, b)
+    assert (
+        cut_graph([_add(_mul(s, a), _mul(t, a))]).key
+        != cut_graph([_add(_mul(s, a), _mul(s, a))]).key
+    )
+    assert cut_graph([_mul(s, b), s]).key != cut_graph([_mul(s, b), _add(a, b)]).key
+
+
 def test_post_order_visits_shared_nodes_once_and_handles_deep_chains():
     x = data_leaf("buf", "float32", (2,))
     y = x

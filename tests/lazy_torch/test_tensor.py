@@ -160,3 +160,12 @@ def test_boolean_mask_indexing_matches_eager():
     expected[rows.cpu()] = torch.ones(5)
     got[rows] = torch.ones(5, device="lazy")
     assert torch.equal(got.cpu(), expected)
+
+
+def test_graphs_reading_different_same_shaped_inputs_do_not_share_an_executable():
+    # d/da sqrt(a*b) and d/db sqrt(a*b) differ only in which input the last multiply reads.
+    a, b = torch.tensor([0.5, 2.0, 3.0]), torch.tensor([4.0, 0.25, 1.5])
+    la, lb = a.to("lazy").requires_grad_(), b.to("lazy").requires_grad_()
+    ga, gb = torch.autograd.grad((la * lb).sqrt().sum(), (la, lb))
+    assert ga.cpu().tolist() == pytest.approx((0.5 * (b / a).sqrt()).tolist())
+    assert gb.cpu().tolist() == pytest.approx((0.5 * (a / b).sqrt()).tolist())
