@@ -286,3 +286,12 @@ def _softmax_backward_data(ctx, grad, output, dim, input_dtype):
 def _log_softmax_backward_data(ctx, grad, output, dim, input_dtype):
     grad, output, axes = _backward_operands(grad, output, dim)
     return _out(ctx, grad - jnp.exp(output) * jnp.sum(grad, axis=axes, keepdims=True))
+
+
+@lowering("aten.hash_tensor.default")
+def _hash_tensor(ctx, x, dim=(), *, keepdim=False, mode=0):
+    # mode 0: XOR of the 64-bit patterns (floats as float64 bits, integers sign-extended).
+    wide = jnp.float64 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int64
+    bits = jax.lax.bitcast_convert_type(x.astype(wide), jnp.uint64)
+    out = jax.lax.reduce(bits, np.uint64(0), jax.lax.bitwise_xor, _axes(x, dim))
+    return out.reshape(ctx.shape)

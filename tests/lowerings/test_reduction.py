@@ -315,3 +315,12 @@ def test_softmax_backward_data_bfloat16():
     )
     s = torch.softmax(make(()), 0)
     check_lowering(aten._softmax_backward_data.default, make(()), s, 0, torch.float32)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool]
+)
+@pytest.mark.parametrize("dim, keepdim", [((), False), ((1,), True), ((0, 2), False)])
+def test_hash_tensor(dtype, dim, keepdim):
+    x = make((3, 4, 2), dtype, low=-5, high=5)
+    check_lowering(aten.hash_tensor.default, x, list(dim), keepdim=keepdim, atol=0, rtol=0)

@@ -105,6 +105,15 @@ class Outcome:
     fallbacks: tuple[str, ...] = ()
 
 
+# Positional arguments that eager requires on the CPU for any device (as for CUDA tensors).
+CPU_ARGS = {"tensor_split": {1}}
+
+
+def _lazy_args(name: str, args: tuple) -> tuple:
+    keep = CPU_ARGS.get(name, ())
+    return tuple(a if i in keep else _to_lazy(a) for i, a in enumerate(args))
+
+
 def _to_lazy(x: Any) -> Any:
     def move(v):
         if isinstance(v, torch.Tensor):
@@ -170,7 +179,7 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
         except Exception as eager_error:
             before = lazy_torch.metrics.counters()
             try:
-                op(*_to_lazy(args), **_to_lazy(sample.kwargs))
+                op(*_lazy_args(op_name(op), args), **_to_lazy(sample.kwargs))
                 lazy_torch.mark_step(wait=True)
             except type(eager_error):
                 fallbacks.update(_fallbacks(before))
@@ -184,7 +193,7 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
             return Outcome("failing", f"eager raised {type(eager_error).__name__}, lazy did not")
         before = lazy_torch.metrics.counters()
         try:
-            lazy_args, lazy_kwargs = _to_lazy(args), _to_lazy(sample.kwargs)
+            lazy_args, lazy_kwargs = _lazy_args(op_name(op), args), _to_lazy(sample.kwargs)
             got = op(*lazy_args, **lazy_kwargs)
             # OpInfo's own view for comparison, e.g. sign-independent |U|, |V| for decompositions.
             process = sample.output_process_fn_grad
