@@ -536,6 +536,30 @@ def _threshold_backward(ctx, grad, x, threshold):
     return _result(ctx, jnp.where(x <= threshold, 0, grad))
 
 
+def _shrunk(x: Any, lambd: Any) -> Any:
+    """True inside the closed band [-lambd, lambd], where both shrinks give 0 and no gradient."""
+    return (x >= -lambd) & (x <= lambd)
+
+
+@lowering("aten.hardshrink.default")
+def _hardshrink(ctx, x, lambd=0.5):
+    x, lambd = _operands(ctx, x, lambd)
+    return _result(ctx, jnp.where(_shrunk(x, lambd), 0, x))
+
+
+@lowering("aten.softshrink.default")
+def _softshrink(ctx, x, lambd=0.5):
+    x, lambd = _operands(ctx, x, lambd)
+    # 0 * x in the band keeps a nan input nan, as aten does.
+    return _result(ctx, jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0)))
+
+
+@lowering("aten.hardshrink_backward.default", "aten.softshrink_backward.default")
+def _shrink_backward(ctx, grad, x, lambd):
+    grad, x, lambd = _operands(ctx, grad, x, lambd)
+    return _result(ctx, jnp.where(_shrunk(x, lambd), 0, grad))
+
+
 @lowering("aten.logit.default")
 def _logit(ctx, x, eps=None):
     (x,) = _operands(ctx, x)

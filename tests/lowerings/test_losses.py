@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.lowerings.util import check_lowering
+from tests.lowerings.util import check_lowering, run_lowering
 
 aten = torch.ops.aten
 REDUCTIONS = [0, 1, 2]
@@ -277,4 +277,141 @@ def test_soft_margin_loss(shape, reduction):
     check_lowering(
         aten.soft_margin_loss_backward.default,
         *(_grad_output(loss), x, target, 1 if reduction is None else reduction),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Multi-class margin losses
+
+
+@pytest.mark.parametrize("shape", [(5, 4), (4,), (1, 3)])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("p,margin", [(1, 1.0), (2, 0.7), (1, 0.0)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_multi_margin_loss(shape, reduction, p, margin, weighted):
+    torch.manual_seed(4)
+    classes = shape[-1]
+    x = torch.randn(shape)
+    target = torch.randint(0, classes, shape[:-1])
+    weight = torch.rand(classes) + 0.1 if weighted else None
+    args = (x, target, p, margin, weight, reduction)
+    check_lowering(aten.multi_margin_loss.default, *args)
+    loss = aten.multi_margin_loss.default(*args)
+    check_lowering(aten.multi_margin_loss_backward.default, _grad_output(loss), *args)
+
+
+@pytest.mark.parametrize(
+    "x,target",
+    [(torch.tensor(0.3), torch.tensor(0)), (torch.randn(5), torch.tensor([3]))],
+    ids=["0-d", "target-of-one"],
+)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_multi_margin_loss_unbatched_shapes(x, target, reduction):
+    args = (x, target, 2, 1.0, None, reduction)
+    check_lowering(aten.multi_margin_loss.default, *args)
+    loss = aten.multi_margin_loss.default(*args)
+    check_lowering(aten.multi_margin_loss_backward.default, _grad_output(loss), *args)
+
+
+def test_multilabel_margin_loss_0d():
+    x, target = torch.tensor(0.4), torch.tensor(0)
+    check_lowering(aten.multilabel_margin_loss_forward.default, x, target, 0)
+    _, is_target = aten.multilabel_margin_loss_forward.default(x, target, 0)
+    check_lowering(
+        aten.multilabel_margin_loss_backward.default, torch.tensor(2.0), x, target, 0, is_target
+    )
+
+
+def test_multi_margin_loss_hinge_at_zero():
+    """A hinge exactly at 0 contributes neither loss nor gradient (strict > 0 as in aten)."""
+    x = torch.tensor([[0.0, 1.0, 0.0], [2.0, 1.0, 0.5]])
+    target = torch.tensor([1, 0])
+    args = (x, target, 1, 1.0, None, 2)
+    check_lowering(aten.multi_margin_loss.default, *args)
+    check_lowering(aten.multi_margin_loss_backward.default, torch.tensor(1.5), *args)
+
+
+MULTILABEL_TARGETS = [
+    torch.tensor([[3, 0, -1, 1], [0, 1, 2, 3], [1, 1, -1, 2], [-1, 2, 0, 1]]),
+    torch.tensor([2, -1, 0, 0]),
+]
+
+
+@pytest.mark.parametrize("target", MULTILABEL_TARGETS, ids=["batched", "unbatched"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_multilabel_margin_loss(target, reduction):
+    torch.manual_seed(5)
+    x = torch.randn(target.shape)
+    check_lowering(aten.multilabel_margin_loss_forward.default, x, target, reduction)
+    loss, is_target = aten.multilabel_margin_loss_forward.default(x, target, reduction)
+    check_lowering(
+        aten.multilabel_margin_loss_backward.default,
+        *(_grad_output(loss), x, target, reduction, is_target),
+    )
+
+
+def test_multilabel_margin_loss_float64():
+    x = torch.randn(3, 4, dtype=torch.float64)
+    target = MULTILABEL_TARGETS[0][:3]
+    check_lowering(aten.multilabel_margin_loss_forward.default, x, target, 1)
+    _, is_target = aten.multilabel_margin_loss_forward.default(x, target, 1)
+    check_lowering(
+        aten.multilabel_margin_loss_backward.default,
+        *(torch.tensor(0.7, dtype=torch.float64), x, target, 1, is_target),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# CTC
+
+
+def _ctc_case(concatenated, tensor_lengths, seed=6):
+    torch.manual_seed(seed)
+    steps, batch, classes = 12, 3, 5
+    log_probs = torch.randn(steps, batch, classes).log_softmax(2)
+    input_lengths = [12, 9, 11]
+    target_lengths = [4, 0, 3]
+    targets = torch.randint(1, classes, (batch, 5))
+    targets[0, 1] = targets[0, 2]  # a repeated label must keep its blank in between
+    if concatenated:
+        targets = torch.cat([targets[i, :n] for i, n in enumerate(target_lengths)])
+    if tensor_lengths:
+        input_lengths, target_lengths = torch.tensor(input_lengths), torch.tensor(target_lengths)
+    return log_probs, targets, input_lengths, target_lengths
+
+
+@pytest.mark.parametrize("concatenated", [False, True])
+@pytest.mark.parametrize("tensor_lengths", [False, True])
+@pytest.mark.parametrize("blank", [0, 4])
+def test_ctc_loss_forward_backward(concatenated, tensor_lengths, blank):
+    log_probs, targets, input_lengths, target_lengths = _ctc_case(concatenated, tensor_lengths)
+    if blank:
+        targets = targets - 1
+    overload = "Tensor" if tensor_lengths else "default"
+    forward = getattr(aten._ctc_loss, overload)
+    backward = getattr(aten._ctc_loss_backward, overload)
+    args = (log_probs, targets, input_lengths, target_lengths, blank)
+    nll, log_alpha = forward(*args)
+    # log_alpha past each sample's input and target lengths is scratch space in aten.
+    _, (got_nll, _) = run_lowering(forward, *args)
+    torch.testing.assert_close(got_nll, nll)
+    grad = torch.rand(nll.shape) + 0.5
+    check_lowering(backward, grad, *args[:4], nll, log_alpha, blank, atol=1e-4, rtol=1e-4)
+
+
+def test_ctc_loss_impossible_alignment_zero_infinity():
+    """A target longer than its input has infinite loss; zero_infinity zeroes its gradient."""
+    torch.manual_seed(7)
+    log_probs = torch.randn(4, 2, 3).log_softmax(2)
+    targets = torch.tensor([[1, 2, 1, 2, 1], [1, 2, 0, 0, 0]])
+    args = (log_probs, targets, [4, 4], [5, 2], 0, True)
+    nll, log_alpha = aten._ctc_loss.default(*args)
+    assert torch.isinf(nll[0])
+    _, (got_nll, _) = run_lowering(aten._ctc_loss.default, *args)
+    torch.testing.assert_close(got_nll, nll)
+    check_lowering(
+        aten._ctc_loss_backward.default,
+        *(torch.ones(2), log_probs, targets, [4, 4], [5, 2], nll, log_alpha, 0, True),
+        atol=1e-4,
+        rtol=1e-4,
     )
