@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 import runtime
-from lazy_torch import data_dependent, debug, metrics, ops  # noqa: F401  (handler modules)
+from lazy_torch import data_dependent, debug, meta_kernels, metrics, ops  # noqa: F401
 from lazy_torch.rng import manual_seed
 from lazy_torch.sync import mark_step
 from lazy_torch.tensor import LazyTensor
