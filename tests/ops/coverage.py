@@ -81,6 +81,13 @@ def main() -> None:
         lines.append(f"| {s} | {counts[s]} | {100 * counts[s] / total:.1f}% |")
     lines += [f"| total | {total} | |", "", "## Largest groups of remaining fallbacks", ""]
     lines += [f"- `{op}`: {n} entries" for op, n in groups.most_common(15)]
+    skipped = {
+        name: sorted({o[1] for o in outcomes})
+        for name, outcomes in sorted(by_op.items())
+        if status[name] == "skipped"
+    }
+    lines += ["", "## Skipped entries and why", ""]
+    lines += [f"- `{name}`: {'; '.join(reasons)}" for name, reasons in skipped.items()] or ["none"]
     lines += ["", "## Failing (dtype-level)", ""]
     lines += [f"- `{k}`: {v}" for k, v in failing.items()] or ["none"]
     (HERE / "coverage.md").write_text("\n".join(lines) + "\n")

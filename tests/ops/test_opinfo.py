@@ -1,4 +1,4 @@
-"""PyTorch's OpInfo database on device='lazy' against eager CPU (enabled as test_opinfo.py once expectations.py is regenerated from a full sweep).
+"""PyTorch's OpInfo database on device='lazy' against eager CPU.
 
 Two passes over the same samples: ``test_matches_eager`` allows the CPU fallback and fails on any
 wrong result; ``test_lowered`` fails when a sample ran an op on the fallback. Expected fallbacks
@@ -11,16 +11,6 @@ import torch
 
 from tests.ops.expectations import FAILING, FALLBACK
 from tests.ops.harness import BF16_OPS, DTYPES, OPS, run_op
-
-# Entries that cannot run on this device at all, with the reason.
-SKIP = {
-    "to_sparse": "sparse layouts: not supported by XLA",
-    "sparse.mm.reduce": "sparse layouts: not supported by XLA",
-    "sparse.sampled_addmm": "sparse layouts: not supported by XLA",
-    "chalf": "complex32 has no XLA element type",
-    "as_strided.partial_views": "addresses the sample's base storage, which .to('lazy') does not copy",
-    "tensor_split": "eager requires the split indices on the CPU; the harness moves them to lazy",
-}
 
 CASES = [
     pytest.param(
@@ -36,8 +26,6 @@ _outcomes: dict = {}
 
 
 def _outcome(name, dtype):
-    if name in SKIP:
-        pytest.skip(SKIP[name])
     key = (name, dtype)
     if key not in _outcomes:
         grads = dtype == torch.float32 and OPS[name].supports_autograd
