@@ -119,8 +119,10 @@ def _item(func, args, kwargs):
     return to_cpu(args[0], cause="item").item()
 
 
-def _rng_operands(ops) -> tuple:
-    state, index = rng.draw(ops.device if ops.device is not None else 0)
+def _rng_operands(ops, device: int | None = None) -> tuple:
+    if device is None:
+        device = ops.device if ops.device is not None else 0
+    state, index = rng.draw(device)
     return (("_rng", ops.node(state)), ("_rng_index", index))
 
 
@@ -149,9 +151,95 @@ def _random_inplace(func, args, kwargs):
     aten.normal.Tensor_float,
     aten.normal.float_Tensor,
     aten.normal.Tensor_Tensor,
+    aten.rand_like.default,
+    aten.rand_like.generator,
+    aten.randn_like.default,
+    aten.randn_like.generator,
+    aten.randint_like.default,
+    aten.randint_like.generator,
+    aten.randint_like.Tensor,
+    aten.randint_like.Tensor_generator,
+    aten.randint_like.low_dtype,
+    aten.randint_like.low_generator_dtype,
 )
 def _random(func, args, kwargs):
     return record(func, args, kwargs, extra=_rng_operands)
+
+
+@special(aten.multinomial.default)
+def _multinomial(func, args, kwargs):
+    # Eager's argument checks; the meta kernel makes none of them. Checks of the values
+    # (negative, non-finite or all-zero weights) would need a sync and are not made.
+    self, num_samples = args[0], args[1]
+    replacement = args[2] if len(args) > 2 else kwargs.get("replacement", False)
+    if self.dim() not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if not self.is_floating_point():
+        raise RuntimeError(
+            f"multinomial only supports floating-point dtypes for input, got: {self.dtype}"
+        )
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > self.shape[-1]:
+        raise RuntimeError(
+            "cannot sample n_sample > prob_dist.size(-1) samples without replacement"
+        )
+    if self.shape[-1] > 2**24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
+    return record(func, args, kwargs, extra=_rng_operands)
+
+
+@special(aten.randperm.default, aten.randperm.generator)
+def _randperm(func, args, kwargs):
+    # A factory: the RNG state is that of the device it creates on.
+    device = _lazy_index(kwargs.get("device")) or 0
+    return record(func, args, kwargs, extra=lambda ops: _rng_operands(ops, device))
+
+
+_RRELU_ARGS = ("self", "noise", "lower", "upper", "training", "generator")
+
+
+@special(aten.rrelu_with_noise.default, aten.rrelu_with_noise_.default)
+def _rrelu_with_noise(func, args, kwargs):
+    # Both forms write the noise tensor: record the functional op and substitute its outputs.
+    bound = {"lower": 0.125, "upper": 1.0 / 3.0, "training": False}
+    bound.update(zip(_RRELU_ARGS, args), **kwargs)
+    self, noise, lower, upper = (bound[k] for k in _RRELU_ARGS[:4])
+    if bound["training"]:
+        out, noise_out = record(
+            aten.rrelu_with_noise_functional.default,
+            (self, noise, lower, upper, True),
+            {},
+            extra=_rng_operands,
+        )
+        assign(noise, noise_out)
+    else:
+        out = dispatch(aten.leaky_relu.default, (self, (lower + upper) / 2), {})
+    if func is aten.rrelu_with_noise_.default:
+        assign(self, out)
+        return self
+    return out
+
+
+@special(aten.fractional_max_pool3d_backward.default)
+def _fractional_max_pool3d_backward(func, args, kwargs):
+    # PyTorch has no meta kernel for this op: scatter-add the gradient with ops that have one.
+    grad_output, self, indices = args[0], args[1], args[4]
+    planes = (*self.shape[:-3], -1)
+    zeros = dispatch(
+        aten.new_zeros.default, (self, (*self.shape[:-3], self.shape[-3:].numel())), {}
+    )
+    grad = dispatch(
+        aten.scatter_add.default,
+        (
+            zeros,
+            -1,
+            dispatch(aten.reshape.default, (indices, planes), {}),
+            dispatch(aten.reshape.default, (grad_output, planes), {}),
+        ),
+        {},
+    )
+    return dispatch(aten.reshape.default, (grad, tuple(self.shape)), {})
 
 
 @special(aten._native_batch_norm_legit_no_training.default)

@@ -498,3 +498,63 @@ for _n in (2, 3):
         (f"_adaptive_avg_pool{_n}d_backward", _adaptive_avg_pool_backward),
     ):
         lowering(f"aten.{_name}.default")(partial(_fn, n=_n))
+
+
+# --------------------------------------------------------------------------------------------
+# Fractional max pooling: windows start at pseudo-random offsets drawn per plane from
+# ``random_samples`` (a ``torch.rand`` of the device RNG), so the window tables are traced values.
+# --------------------------------------------------------------------------------------------
+
+
+def _fractional_starts(sample: Any, size: int, out: int, pool: int) -> Any:
+    """PyTorch's interval sequence: ``int((i + u) * alpha) - int(u * alpha)`` in the sample's
+    dtype, with ``alpha = (size - pool) / (out - 1)`` and the last window flush with the end."""
+    last = jnp.full(sample.shape + (1,), size - pool, jnp.int64)
+    if out == 1:
+        return last
+    dt = sample.dtype
+    alpha = jnp.asarray(size - pool, dt) / jnp.asarray(out - 1, dt)
+    i = jnp.arange(out - 1, dtype=dt)
+    u = sample[..., None]
+    starts = ((i + u) * alpha).astype(jnp.int64) - (u * alpha).astype(jnp.int64)
+    return jnp.concatenate([starts, last], axis=-1)
+
+
+def _fractional_max_pool(ctx, self, kernel_size, output_size, random_samples, *, n):
+    kernel, outs = _expand(kernel_size, n), _expand(output_size, n)
+    lead = self.shape[:-n]
+    sizes = self.shape[-n:]
+    samples = random_samples.reshape(lead + (n,))
+    # The 2-d op reads its samples as (w, h), the 3-d op as (t, h, w).
+    order = (1, 0) if n == 2 else (0, 1, 2)
+    # Flat plane index of every (output position, window offset), broadcast over the dims.
+    flat = jnp.zeros(lead + (1,) * (2 * n), jnp.int64)
+    for d in range(n):
+        starts = _fractional_starts(samples[..., order[d]], sizes[d], outs[d], kernel[d])
+        pos = starts[..., :, None] + jnp.arange(kernel[d], dtype=jnp.int64)
+        shape = [1] * (2 * n)
+        shape[d], shape[n + d] = outs[d], kernel[d]
+        flat = flat + pos.reshape(lead + tuple(shape)) * math.prod(sizes[d + 1 :])
+    flat = jnp.broadcast_to(flat, lead + tuple(outs) + tuple(kernel))
+    flat = flat.reshape(lead + tuple(outs) + (-1,))
+    planes = self.reshape(lead + (-1,))
+    windows = jnp.take_along_axis(planes, flat.reshape(lead + (-1,)), axis=-1).reshape(flat.shape)
+    # PyTorch's scan: ties go to the first element, NaN to the last NaN in the window.
+    out = jnp.max(windows, axis=-1)
+    index = jnp.min(jnp.where(windows == out[..., None], flat, np.iinfo(np.int64).max), axis=-1)
+    if jnp.issubdtype(self.dtype, jnp.floating):
+        # NaN is found separately: XLA:CPU's max reduction can drop NaN on some shapes.
+        last_nan = jnp.max(jnp.where(jnp.isnan(windows), flat, -1), axis=-1)
+        out = jnp.where(last_nan >= 0, jnp.asarray(jnp.nan, out.dtype), out)
+        index = jnp.where(last_nan >= 0, last_nan, index)
+    return out.astype(ctx.dtypes[0]), index.astype(ctx.dtypes[1])
+
+
+def _fractional_max_pool_backward(ctx, grad_output, self, kernel_size, output_size, indices, *, n):
+    return _scatter_to_indices(ctx, grad_output, self, indices, n)
+
+
+for _n in (2, 3):
+    lowering(f"aten.fractional_max_pool{_n}d.default")(partial(_fractional_max_pool, n=_n))
+# The 3-d backward has no meta kernel in PyTorch; lazy_torch/ops.py records it as a scatter-add.
+lowering("aten.fractional_max_pool2d_backward.default")(partial(_fractional_max_pool_backward, n=2))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
@@ -26,16 +28,40 @@ def _uniform(ctx, low=0.0, high=1.0):
     return u * (cast(high, dt) - cast(low, dt)) + cast(low, dt)
 
 
+def _below(x, high, low):
+    """``x`` cast to a float dtype narrower than it was drawn in can round up to ``high``; keep
+    it in the half-open range as PyTorch does."""
+    high = cast(high, x.dtype)
+    return jnp.where(x >= high, jnp.nextafter(high, cast(low, x.dtype)), x)
+
+
 @lowering("aten.uniform_.default", "aten.uniform.default")
 def _uniform_op(ctx, self=None, from_=0.0, to=1.0, *, generator=None, **kw):
-    return _uniform(ctx, kw.get("from", from_), to).astype(ctx.dtype)
+    low = kw.get("from", from_)
+    out = _uniform(ctx, low, to).astype(ctx.dtype)
+    return _below(out, to, low) if ctx.dtype.itemsize < 4 else out
+
+
+@lowering("aten.rand_like.default", "aten.rand_like.generator")
+def _rand_like(ctx, self, **_):
+    out = _uniform(ctx).astype(ctx.dtype)
+    return _below(out, 1.0, 0.0) if ctx.dtype.itemsize < 4 else out
+
+
+def _standard_normal(ctx):
+    dt = jnp.promote_types(_float_dtype(ctx.dtype), jnp.float32)
+    return jax.random.normal(ctx.rng_key, ctx.shape, dt)
+
+
+@lowering("aten.randn_like.default", "aten.randn_like.generator")
+def _randn_like(ctx, self, **_):
+    return _standard_normal(ctx).astype(ctx.dtype)
 
 
 @lowering("aten.normal_.default")
 def _normal_(ctx, self=None, mean=0.0, std=1.0, *, generator=None):
-    dt = jnp.promote_types(_float_dtype(ctx.dtype), jnp.float32)
-    z = jax.random.normal(ctx.rng_key, ctx.shape, dt)
-    return (z * cast(std, dt) + cast(mean, dt)).astype(ctx.dtype)
+    z = _standard_normal(ctx)
+    return (z * cast(std, z.dtype) + cast(mean, z.dtype)).astype(ctx.dtype)
 
 
 @lowering(
@@ -45,9 +71,8 @@ def _normal_(ctx, self=None, mean=0.0, std=1.0, *, generator=None):
     "aten.normal.float_float",
 )
 def _normal(ctx, mean=0.0, std=1.0, size=None, *, generator=None, **_):
-    dt = jnp.promote_types(_float_dtype(ctx.dtype), jnp.float32)
-    z = jax.random.normal(ctx.rng_key, ctx.shape, dt)
-    return (z * cast(std, dt) + cast(mean, dt)).astype(ctx.dtype)
+    z = _standard_normal(ctx)
+    return (z * cast(std, z.dtype) + cast(mean, z.dtype)).astype(ctx.dtype)
 
 
 @lowering("aten.bernoulli_.float", "aten.bernoulli.p")
@@ -112,6 +137,58 @@ def _random_to(ctx, self, to, *, generator=None):
 @lowering("aten.random_.from")
 def _random_from(ctx, self, from_, to=None, *, generator=None):
     return _randint(ctx, from_, to)
+
+
+@lowering(
+    "aten.randint_like.default",
+    "aten.randint_like.generator",
+    "aten.randint_like.Tensor",
+    "aten.randint_like.Tensor_generator",
+)
+def _randint_like(ctx, self, high, **_):
+    return _randint(ctx, 0, high)
+
+
+@lowering("aten.randint_like.low_dtype", "aten.randint_like.low_generator_dtype")
+def _randint_like_low(ctx, self, low, high, **_):
+    return _randint(ctx, low, high)
+
+
+@lowering("aten.randperm.default", "aten.randperm.generator")
+def _randperm(ctx, n, **_):
+    return jax.random.permutation(ctx.rng_key, n).astype(ctx.dtype)
+
+
+@lowering("aten.multinomial.default")
+def _multinomial(ctx, self, num_samples, replacement=False, *, generator=None):
+    p = self.astype(jnp.promote_types(self.dtype, jnp.float32))
+    if not replacement:
+        # Gumbel-top-k: the k largest of log(p) + Gumbel noise are k draws without replacement,
+        # in draw order; zero-probability categories get -inf and are never among them.
+        gumbel = jax.random.gumbel(ctx.rng_key, p.shape, p.dtype)
+        keys = jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1)) + gumbel, -jnp.inf)
+        return jax.lax.top_k(keys, num_samples)[1]
+    # Inverse CDF, as eager does: the first category whose cumulative weight exceeds u * total.
+    # A zero-probability category repeats its predecessor's cumulative weight, so it is never
+    # the first to exceed anything; a draw rounded up to the total goes to the last category
+    # with positive weight.
+    cdf = jnp.cumsum(p, axis=-1)
+    u = jax.random.uniform(ctx.rng_key, ctx.shape, p.dtype) * cdf[..., -1:]
+    draw = partial(jnp.searchsorted, side="right")
+    index = draw(cdf, u) if p.ndim == 1 else jax.vmap(draw)(cdf, u)
+    k = p.shape[-1]
+    last = k - 1 - jnp.argmax(jnp.flip(p > 0, axis=-1), axis=-1)
+    return jnp.minimum(index, last[..., None]).astype(ctx.dtype)
+
+
+@lowering("aten.rrelu_with_noise_functional.default")
+def _rrelu_with_noise(ctx, self, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    # Training mode only (evaluation is a leaky ReLU, recorded as one): a negative input is
+    # scaled by a fresh U(lower, upper) slope, which is also the noise saved for backward.
+    slope = _uniform(ctx, lower, upper).astype(ctx.dtype)
+    negative = self <= 0
+    out = jnp.where(negative, self * slope, self)
+    return out, jnp.where(negative, slope, jnp.ones((), ctx.dtype)).astype(ctx.dtypes[1])
 
 
 @lowering("aten.native_dropout.default")
