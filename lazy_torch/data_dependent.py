@@ -197,3 +197,23 @@ def _bound(func: Any, args: tuple, kwargs: dict) -> list:
             out.append(a.default_value)
     return out
 
+
+
+def _lengths(t: Any) -> list[int]:
+    """Sequence lengths as Python ints: free for CPU tensors (the usual case), one sync if lazy."""
+    return t.tolist() if isinstance(t, torch.Tensor) else list(t)
+
+
+@special(aten._ctc_loss.Tensor)
+def _ctc_loss(func, args, kwargs):
+    # The alpha table's width is the longest target: the lengths decide the output shape.
+    log_probs, targets, input_lengths, target_lengths, *rest = args
+    lengths = _lengths(input_lengths), _lengths(target_lengths)
+    return aten._ctc_loss.default(log_probs, targets, *lengths, *rest, **kwargs)
+
+
+@special(aten._ctc_loss_backward.Tensor)
+def _ctc_loss_backward(func, args, kwargs):
+    grad, log_probs, targets, input_lengths, target_lengths, *rest = args
+    lengths = _lengths(input_lengths), _lengths(target_lengths)
+    return aten._ctc_loss_backward.default(grad, log_probs, targets, *lengths, *rest, **kwargs)

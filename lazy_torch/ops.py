@@ -51,7 +51,10 @@ def _factory(func):
 
 
 # Factories whose eager implementation resizes an out= tensor are recorded directly instead.
-for _name in ("arange", "arange.start", "arange.start_step", "linspace", "eye", "eye.m"):
+_FACTORIES = ("arange", "arange.start", "arange.start_step", "linspace", "eye", "eye.m")
+# ... and factories without a CompositeExplicit kernel that would reach __torch_dispatch__.
+_FACTORIES += ("tril_indices", "triu_indices", "_efficientzerotensor")
+for _name in _FACTORIES:
     _packet, _, _overload = _name.partition(".")
     _lib.impl(_name, _factory(getattr(getattr(aten, _packet), _overload or "default")), "Lazy")
 
@@ -313,14 +316,15 @@ def _index_put(func, args, kwargs):
     return dispatch(func, (self, _mask_to_indices(indices), values, *args[3:]), kwargs)
 
 
-@special(aten.resize_.default)
-def _resize_(func, args, kwargs):
+@special(aten.resize_.default, aten.resize.default)
+def _resize(func, args, kwargs):
+    # ``resize`` is the functional form PyTorch's decompositions (resize_as_) call.
     self, size = args[0], tuple(args[1])
     numel = 1
     for n in size:
         numel *= n
     if tuple(self.shape) == size:
-        return self
+        return self if func is aten.resize_.default else dispatch(aten.clone.default, (self,), {})
     flat = dispatch(aten.reshape.default, (self, (-1,)), {}) if self.numel() else None
     if flat is None or numel > flat.numel():
         # New elements are uninitialized in eager; here they are zeros.
@@ -333,4 +337,4 @@ def _resize_(func, args, kwargs):
     else:
         flat = dispatch(aten.slice.Tensor, (flat, 0, 0, numel), {})
     value = dispatch(aten.clone.default, (dispatch(aten.view.default, (flat, size), {}),), {})
-    return become(self, value)
+    return become(self, value) if func is aten.resize_.default else value
