@@ -151,6 +151,11 @@ def _bags(indices: Any, offsets: Any, num_bags: int, padding_idx: int) -> tuple[
     return bag, size
 
 
+def _accumulation_dtype(dtype: Any) -> Any:
+    # Eager CPU sums half-precision bags in float32 and rounds once.
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def _embedding_bag(
     ctx,
     weight,
@@ -166,7 +171,7 @@ def _embedding_bag(
     num_bags, dim = ctx.shapes[0]
     indices = jnp.reshape(indices, (-1,))
     bag, size = _bags(indices, offsets, num_bags, padding_idx)
-    rows = jnp.take(weight, indices, axis=0, mode="fill")
+    rows = jnp.take(weight, indices, axis=0, mode="fill").astype(_accumulation_dtype(weight.dtype))
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.astype(rows.dtype)[:, None]
     max_indices = jnp.zeros(ctx.shapes[3], ctx.dtypes[3])
@@ -215,13 +220,15 @@ def _bag_grad(
 ):
     """Gradient of the weight given the bag of every index (``num_bags`` where it has none)."""
     num_bags, dim = grad.shape
-    dtype = ctx.dtype
+    dtype = _accumulation_dtype(ctx.dtype)
+    if num_bags == 0:
+        return jnp.zeros(ctx.shape, ctx.dtype)
     if mode == _MAX:
         nonempty = (bag_size[:num_bags] > 0)[:, None]
         target = jnp.where(nonempty, maximum_indices, num_weights)
         column = lax.broadcasted_iota(jnp.int32, grad.shape, 1)
         out = jnp.zeros((num_weights, dim), dtype)
-        return out.at[target, column].add(grad.astype(dtype), mode="drop")
+        return out.at[target, column].add(grad.astype(dtype), mode="drop").astype(ctx.dtype)
     valid = (bag < num_bags) & (indices != padding_idx)
     rows = jnp.take(grad, jnp.minimum(bag, num_bags - 1), axis=0).astype(dtype)
     scale = jnp.where(valid, 1, 0).astype(dtype)
@@ -233,7 +240,8 @@ def _bag_grad(
     if scale_grad_by_freq:
         scale = scale / _freq_divisor(indices, num_weights).astype(dtype)
     target = jnp.where(valid, indices, num_weights)
-    return jnp.zeros((num_weights, dim), dtype).at[target].add(rows * scale[:, None], mode="drop")
+    out = jnp.zeros((num_weights, dim), dtype).at[target].add(rows * scale[:, None], mode="drop")
+    return out.astype(ctx.dtype)
 
 
 def _freq_divisor(indices: Any, num_weights: int) -> Any:

@@ -287,3 +287,18 @@ def test_segment_reduce_and_backward(shape, lengths, axis, reduce, initial, kind
     output = aten.segment_reduce.default(data, reduce, **kw)
     grad = _randn(*output.shape, seed=6)
     check_lowering(aten._segment_reduce_backward.default, grad, output, data, reduce, **kw)
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_embedding_bag_bfloat16_accumulates_in_float32(mode):
+    weight = (_randn(6, 5) * 3).to(torch.bfloat16)
+    indices, offsets = torch.tensor([1, 2, 2, 0, 5, 2, 3, 4, 4, 1]), torch.tensor([0, 6])
+    expected, got = run_lowering(aten._embedding_bag.default, weight, indices, offsets, False, mode)
+    torch.testing.assert_close(got[0], expected[0])
+    grad = _randn(2, 5, seed=7).to(torch.bfloat16)
+    check_lowering(
+        aten._embedding_bag_backward.default,
+        *(grad, indices, offsets, *expected[1:], 6, False, mode, False, None),
+        atol=2e-2,
+        rtol=1e-2,
+    )
