@@ -117,7 +117,7 @@ def _copy_(func, args, kwargs):
     return self.copy_(to_cpu(src), *args[2:], **kwargs)
 
 
-@special(aten._local_scalar_dense.default)
+@special(aten._local_scalar_dense.default, aten.item.default)
 def _item(func, args, kwargs):
     return to_cpu(args[0], cause="item").item()
 

@@ -34,6 +34,8 @@ def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
     ``donate`` (full barriers only, where every pending value is an output) lets the graph reuse
     the buffers it overwrites. If compiling fails, every storage keeps its pending value.
     """
+    # An out-of-range index in an earlier, asynchronous step surfaces at the next barrier.
+    runtime.check_errors(wait=cause != "mark_step")
     by_device: dict[int, list[Storage]] = {}
     for s in storages:
         if s.pending:
@@ -49,7 +51,9 @@ def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
         roots = [s.node for s in group]
         graph = cut_graph(roots, salt=("device", device))
         donated = _donatable(graph, held) if donate else ()
-        outputs = runtime.run_graph(graph, device, donate=donated, cause=cause)
+        outputs = runtime.run_graph(
+            graph, device, donate=donated, cause=cause, defer_checks=cause == "mark_step"
+        )
         buffers = {id(r): b for r, b in zip(graph.roots, outputs)}
         for s, root in zip(group, roots):
             s.set(data_leaf(buffers[id(root)], root.dtype, root.shape))

@@ -1,8 +1,8 @@
 """Lowerings: gather/scatter, advanced indexing, index_add/index_put, embedding, masked_scatter.
 
 Indices go through jax.numpy indexing, which wraps negative indices as PyTorch's advanced
-indexing does; gather, scatter, index_select, index_add and embedding wrap them too, where PyTorch
-raises. Out-of-range indices, which PyTorch rejects, clamp on reads and drop on writes.
+indexing does. Out-of-range indices (and negative ones where PyTorch rejects them) are caught by
+the bounds checks of lowerings/bounds.py, which raise eager's error from the runtime.
 
 ``index.Tensor`` and ``index_put`` take integer index tensors only: a boolean mask has a
 data-dependent result shape, so the lazy layer turns it into integer indices (after a sync) before
@@ -162,6 +162,22 @@ def _index_add(ctx, x, dim, index, source, *, alpha=1):
         source = source * jnp.asarray(alpha).astype(x.dtype)
     position = (slice(None),) * dim + (jnp.reshape(index, (-1,)),)
     return jnp.reshape(_add(x.at[position], source), ctx.shape)
+
+
+@lowering("aten.index_copy.default")
+def _index_copy(ctx, x, dim, index, source):
+    x, source = _at_least_1d(x, source)
+    dim = _dim(dim, x.ndim)
+    position = (slice(None),) * dim + (jnp.reshape(index, (-1,)),)
+    return jnp.reshape(x.at[position].set(source.astype(x.dtype)), ctx.shape)
+
+
+@lowering("aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor")
+def _index_fill(ctx, x, dim, index, value):
+    (x,) = _at_least_1d(x)
+    dim = _dim(dim, x.ndim)
+    position = (slice(None),) * dim + (jnp.reshape(index, (-1,)),)
+    return jnp.reshape(x.at[position].set(jnp.asarray(value).astype(x.dtype)), ctx.shape)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from runtime import config, metrics
 from runtime.device import device, devices, to_device, to_host
 from runtime.executor import (
     GraphError,
+    check_errors,
     executable_memory,
     run_graph,
     stablehlo_text,
@@ -13,6 +14,7 @@ from runtime.program import has_lowering, rng_state
 
 __all__ = [
     "GraphError",
+    "check_errors",
     "config",
     "has_lowering",
     "device",

@@ -21,11 +21,12 @@ class GraphError(RuntimeError):
 
 
 class Executable:
-    __slots__ = ("compiled", "graph_size")
+    __slots__ = ("compiled", "errors", "graph_size")
 
-    def __init__(self, compiled: Any, graph_size: int):
+    def __init__(self, compiled: Any, graph_size: int, errors: list):
         self.compiled = compiled
         self.graph_size = graph_size
+        self.errors = errors  # how to build the error of each bounds-check row (see program.py)
 
 
 _cache: dict[Any, Executable] = {}
@@ -50,14 +51,20 @@ def _param_specs(graph: Graph, device_index: int) -> list[jax.ShapeDtypeStruct]:
 
 def lower(graph: Graph, device_index: int, donate: tuple[int, ...] = ()) -> Any:
     """``jax.stages.Lowered`` of the graph (its StableHLO is ``.as_text()``)."""
+    return _lower(graph, device_index, donate)[0]
+
+
+def _lower(graph: Graph, device_index: int, donate: tuple[int, ...]) -> tuple[Any, list]:
     fn = build_function(graph.plan(), graph.outputs())
-    return jax.jit(fn, donate_argnums=donate).lower(*_param_specs(graph, device_index))
+    lowered = jax.jit(fn, donate_argnums=donate).lower(*_param_specs(graph, device_index))
+    return lowered, fn.errors
 
 
 def _compile(graph: Graph, device_index: int, donate: tuple[int, ...], cause: str) -> Executable:
     start = time.perf_counter()
     try:
-        compiled = lower(graph, device_index, donate).compile()
+        lowered, errors = _lower(graph, device_index, donate)
+        compiled = lowered.compile()
     except Exception as e:
         raise GraphError(f"compiling {_describe(graph)} failed: {type(e).__name__}: {e}") from e
     elapsed = time.perf_counter() - start
@@ -68,7 +75,7 @@ def _compile(graph: Graph, device_index: int, donate: tuple[int, ...], cause: st
             f"[lazy] compile {_describe(graph)} cause={cause} in {elapsed * 1e3:.1f}ms",
             file=sys.stderr,
         )
-    return Executable(compiled, len(graph.nodes))
+    return Executable(compiled, len(graph.nodes), errors)
 
 
 def _param_values(graph: Graph) -> list[Any]:
@@ -79,12 +86,20 @@ def _param_values(graph: Graph) -> list[Any]:
 
 
 def run_graph(
-    graph: Graph, device_index: int, donate: tuple[int, ...] = (), cause: str = "mark_step"
+    graph: Graph,
+    device_index: int,
+    donate: tuple[int, ...] = (),
+    cause: str = "mark_step",
+    defer_checks: bool = False,
 ) -> tuple[jax.Array, ...]:
-    """Run ``graph`` on device ``device_index``; returns its root buffers without waiting.
+    """Run ``graph`` on device ``device_index``; returns its root buffers.
 
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
     whose buffers the caller will never read again: XLA may reuse them for outputs.
+
+    A graph with index bounds checks waits for them and raises eager's error (an out-of-range
+    index) before returning, so the caller keeps every previous value; with ``defer_checks``
+    it returns without waiting and ``check_errors`` raises the error later.
     """
     key = (graph.key, donate)
     exe = _cache.get(key)
@@ -104,13 +119,39 @@ def run_graph(
     if config.DEBUG:
         print(f"[lazy] execute {_describe(graph)} cause={cause}", file=sys.stderr)
     _in_flight[:] = [o for o in outputs if isinstance(o, jax.Array)]
+    if exe.errors:
+        checks, outputs = outputs[-1], outputs[:-1]
+        _unchecked.append((checks, exe.errors))
+        if not defer_checks:
+            check_errors()
     return tuple(outputs)
 
 
+# Bounds checks of dispatched executions nobody has looked at yet: (device rows, error builders).
+_unchecked: list[tuple[jax.Array, list]] = []
+
+
+def check_errors(wait: bool = True) -> None:
+    """Raise the error of the first out-of-range index that a dispatched execution reported.
+
+    With ``wait=False`` executions still running are left for a later call."""
+    pending = list(_unchecked)
+    _unchecked.clear()
+    for i, (checks, errors) in enumerate(pending):
+        if not wait and not checks.is_ready():
+            _unchecked.append(pending[i])
+            continue
+        rows = np.asarray(checks)
+        for (bad, index), (bound, dim, size) in zip(rows.tolist(), errors):
+            if bad:
+                raise bound.error(index, dim, size)
+
+
 def wait_device_ops() -> None:
-    """Block until every dispatched execution has finished."""
+    """Block until every dispatched execution has finished (and raise what it reported)."""
     jax.block_until_ready(_in_flight)
     _in_flight.clear()
+    check_errors()
 
 
 def executable_memory() -> list[dict[str, int]]:
@@ -146,6 +187,7 @@ def drop_cache() -> None:
 
 __all__ = [
     "GraphError",
+    "check_errors",
     "cache_size",
     "drop_cache",
     "executable_memory",

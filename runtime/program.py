@@ -11,6 +11,7 @@ import numpy as np
 
 from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, Operand
 from lowerings import LOWERINGS, LoweringContext
+from lowerings.bounds import BOUNDS, index_checks
 
 # Keyword arguments a front end adds to a node's template for the runtime, not for the lowering.
 _PRECISION = "_precision"
@@ -41,7 +42,9 @@ def rng_state(seed: int) -> np.ndarray:
     return np.asarray(jax.random.key_data(jax.random.key(seed)))
 
 
-def _apply(op: str, arg: Any, dtype: Any, shape: Any, operands: list, scalar_ids: tuple) -> Any:
+def _apply(
+    op: str, arg: Any, dtype: Any, shape: Any, operands: list, scalar_ids: tuple, checks: list
+) -> Any:
     try:
         fn = LOWERINGS[op]
     except KeyError:
@@ -49,6 +52,8 @@ def _apply(op: str, arg: Any, dtype: Any, shape: Any, operands: list, scalar_ids
     args_t, kwargs_t = arg
     args = _fill(args_t, operands)
     kwargs = {k: _fill(v, operands) for k, v in kwargs_t}
+    if op in BOUNDS:
+        checks.extend(index_checks(op, args))
     precision = kwargs.pop(_PRECISION, "highest")
     state = kwargs.pop(_RNG, None)
     key = rng_key(state, kwargs.pop(_RNG_INDEX, 0)) if state is not None else None
@@ -76,10 +81,17 @@ def _checked(op: str, out: Any, shape: tuple, dtype: np.dtype) -> Any:
 
 
 def build_function(plan: tuple[tuple, ...], outputs: tuple[int, ...]) -> Callable[..., tuple]:
-    """The JAX function computing ``outputs`` of ``plan`` from the graph parameters."""
+    """The JAX function computing ``outputs`` of ``plan`` from the graph parameters.
+
+    When the plan has index bounds checks, the function returns one more output, an int64
+    ``(checks, 2)`` array of ``[bad, index]`` rows, and ``run.errors`` (filled when it is traced)
+    says how to build each row's error.
+    """
+    errors: list = []
 
     def run(*params: Any) -> tuple:
         scalars = tuple(params[a] for op, a, *_ in plan if op == SCALAR)
+        checks: list = []
         env: list[Any] = []
         for op, arg, dtype, shape, src in plan:
             if op == DATA or op == SCALAR:
@@ -90,8 +102,11 @@ def build_function(plan: tuple[tuple, ...], outputs: tuple[int, ...]) -> Callabl
             elif op == GETITEM:
                 value = env[src[0]][arg]
             else:
-                value = _apply(op, arg, dtype, shape, [env[s] for s in src], scalars)
+                value = _apply(op, arg, dtype, shape, [env[s] for s in src], scalars, checks)
             env.append(value)
-        return tuple(env[i] for i in outputs)
+        errors[:] = [error for _, error in checks]
+        result = tuple(env[i] for i in outputs)
+        return result + (jnp.stack([c for c, _ in checks]),) if checks else result
 
+    run.errors = errors
     return run

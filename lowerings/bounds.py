@@ -1,0 +1,103 @@
+"""Index bounds checks: eager raises on an out-of-range index; XLA would clamp or drop it.
+
+Each op that reads or writes through an index tensor has one entry in ``BOUNDS``. The runtime
+evaluates ``index_checks`` next to the op's lowering: every check yields ``[bad, index]`` on the
+device (whether any index is out of range, and the first such index in row-major order), and the
+runtime raises eager's error, built by ``Bound.error``, when a graph reports one. Indices never
+leave the device otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_EACH = -1  # index.Tensor / index_put: a list of index tensors, one per leading dim
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    index: int  # argument position of the index tensor (or the list of them)
+    dim: int | None  # argument position of ``dim``; None: dim 0, or the whole tensor if ``flat``
+    negative: bool  # eager accepts indices in [-size, 0) and wraps them
+    kind: type[Exception]
+    message: str  # fields: index, dim, size
+    flat: bool = False  # indexes the flattened tensor (take, put)
+    above_1d: Bound | None = None  # the entry eager's kernel uses for a self of 2+ dims
+
+    def error(self, index: int, dim: int, size: int) -> Exception:
+        return self.kind(self.message.format(index=index, dim=dim, size=size))
+
+
+_BOUNDS_MSG = "index {index} is out of bounds for dimension {dim} with size {size}"
+_IN_SELF = "index out of range in self"
+_GATHER = Bound(2, 1, False, RuntimeError, _BOUNDS_MSG)
+_ADVANCED = Bound(1, _EACH, True, IndexError, _BOUNDS_MSG)
+_INDEX_DIM = Bound(2, 1, False, IndexError, _IN_SELF)
+_FLAT = Bound(
+    1,
+    None,
+    True,
+    IndexError,
+    "out of range: tried to access index {index} on a tensor of {size} elements.",
+    flat=True,
+)
+
+BOUNDS: dict[str, Bound] = {
+    "aten.gather.default": _GATHER,
+    "aten.scatter.src": _GATHER,
+    "aten.scatter.value": _GATHER,
+    "aten.scatter.reduce": _GATHER,
+    "aten.scatter.value_reduce": _GATHER,
+    "aten.scatter_add.default": _GATHER,
+    "aten.scatter_reduce.two": _GATHER,
+    "aten.index.Tensor": _ADVANCED,
+    "aten.index_put.default": _ADVANCED,
+    "aten._index_put_impl.default": _ADVANCED,
+    "aten.index_select.default": _INDEX_DIM,
+    "aten.index_add.default": dataclasses.replace(_INDEX_DIM, above_1d=_GATHER),
+    "aten.index_reduce.default": _INDEX_DIM,
+    "aten.index_copy.default": Bound(2, 1, False, IndexError, "index_copy_(): " + _BOUNDS_MSG),
+    "aten.index_fill.int_Scalar": Bound(2, 1, True, IndexError, _BOUNDS_MSG),
+    "aten.index_fill.int_Tensor": Bound(2, 1, True, IndexError, _BOUNDS_MSG),
+    "aten.embedding.default": Bound(1, None, False, IndexError, _IN_SELF),
+    "aten.take.default": _FLAT,
+    "aten.put.default": _FLAT,
+}
+
+
+def _check(index: Any, size: int, negative: bool) -> Any:
+    index = jnp.reshape(index, (-1,)).astype(jnp.int64)
+    if index.size == 0:
+        return jnp.zeros((2,), jnp.int64)
+    bad = (index >= size) | (index < (-size if negative else 0))
+    return jnp.stack([jnp.any(bad).astype(jnp.int64), index[jnp.argmax(bad)]])
+
+
+def index_checks(op: str, args: tuple) -> list[tuple[Any, tuple[Bound, int, int]]]:
+    """``[bad, index]`` device values for each index tensor of ``op``, with what the error needs
+    (the entry, the dim to report, the size)."""
+    bound = BOUNDS[op]
+    shape = args[0].shape
+    if bound.above_1d is not None and len(shape) > 1:
+        bound = bound.above_1d
+    if bound.dim == _EACH:
+        checks = []
+        reported = 0  # eager numbers the dims that carry an index tensor, skipping full slices
+        for dim, index in enumerate(args[bound.index]):
+            if index is None:
+                continue
+            if jnp.issubdtype(index.dtype, jnp.integer):
+                checks.append((_check(index, shape[dim], True), (bound, reported, shape[dim])))
+            reported += 1
+        return checks
+    if bound.flat:
+        size = 1
+        for n in shape:
+            size *= n
+        return [(_check(args[bound.index], size, bound.negative), (bound, 0, size))]
+    dim = 0 if bound.dim is None else args[bound.dim] % max(len(shape), 1)
+    size = shape[dim] if shape else 1
+    return [(_check(args[bound.index], size, bound.negative), (bound, dim, size))]
