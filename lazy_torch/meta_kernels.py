@@ -75,3 +75,18 @@ def _linalg_lstsq(
 
 _lib.impl("geqrf", _geqrf, "Meta")
 _lib.impl("linalg_lstsq", _linalg_lstsq, "Meta")
+
+
+def _like_input(position: int):
+    """A backward whose gradient has the shape, dtype and layout of its ``position``-th argument."""
+
+    def kernel(*args, **kwargs):
+        return torch.empty_like(args[position])
+
+    return kernel
+
+
+# Loss backwards: the gradient of the loss input (grad_output comes first).
+_lib.impl("multi_margin_loss_backward", _like_input(1), "Meta")
+_lib.impl("multilabel_margin_loss_backward", _like_input(1), "Meta")
+_lib.impl("_ctc_loss_backward", _like_input(1), "Meta")

@@ -25,7 +25,12 @@ def _opmath(dtype: np.dtype) -> np.dtype:
 def _operands(ctx: LoweringContext, *xs: Any) -> list[Any]:
     """``xs`` cast to the op's compute dtype; ``None`` (an absent optional operand) stays."""
     dtype = _opmath(ctx.dtype)
-    return [None if x is None else cast(x, dtype) for x in xs]
+    # Complex operands of real-valued ops (abs, angle) keep their imaginary part.
+    keep_complex = not jnp.issubdtype(dtype, jnp.complexfloating)
+    return [
+        None if x is None else x if keep_complex and jnp.iscomplexobj(x) else cast(x, dtype)
+        for x in xs
+    ]
 
 
 def _result(ctx: LoweringContext, y: Any) -> jax.Array:
