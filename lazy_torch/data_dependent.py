@@ -8,6 +8,7 @@ transfer, not a CPU fallback of their inputs; the sync is counted under the op's
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -198,7 +199,6 @@ def _bound(func: Any, args: tuple, kwargs: dict) -> list:
     return out
 
 
-
 def _lengths(t: Any) -> list[int]:
     """Sequence lengths as Python ints: free for CPU tensors (the usual case), one sync if lazy."""
     return t.tolist() if isinstance(t, torch.Tensor) else list(t)
@@ -217,3 +217,84 @@ def _ctc_loss_backward(func, args, kwargs):
     grad, log_probs, targets, input_lengths, target_lengths, *rest = args
     lengths = _lengths(input_lengths), _lengths(target_lengths)
     return aten._ctc_loss_backward.default(grad, log_probs, targets, *lengths, *rest, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Histograms: the counting is static-shaped; only the data's range, when no range is given, is
+# read back (eager rejects a non-finite one).
+
+
+def _outer_edges(points: torch.Tensor, range_: Any) -> list[tuple[float, float]]:
+    dims = points.shape[1]
+    if range_ is not None:
+        pairs = [(range_[2 * d], range_[2 * d + 1]) for d in range(dims)]
+    elif points.shape[0] == 0:
+        pairs = [(0.0, 0.0)] * dims
+    else:
+        low, high = _fetch(torch.stack([points.amin(0), points.amax(0)]), "histogram")
+        pairs = list(zip(low, high))
+        if not all(math.isfinite(v) for pair in pairs for v in pair):
+            torch.histogramdd(torch.tensor(pairs, dtype=points.dtype).T, [1] * dims)  # its error
+    return [(lo - 0.5, hi + 0.5) if lo == hi else (lo, hi) for lo, hi in pairs]
+
+
+def _edges(points: torch.Tensor, bins: Any, range_: Any) -> list[torch.Tensor]:
+    return [
+        torch.linspace(lo, hi, n + 1, dtype=points.dtype, device=points.device)
+        for (lo, hi), n in zip(_outer_edges(points, range_), bins)
+    ]
+
+
+def _grid_counts(points: torch.Tensor, edges: list, weight: Any, density: bool) -> torch.Tensor:
+    """Weighted counts of ``points`` (N, D) in the grid of ``edges``; the last edge is inclusive."""
+    n = points.shape[0]
+    flat = torch.zeros(n, dtype=torch.int64, device=points.device)
+    inside = torch.ones(n, dtype=torch.bool, device=points.device)
+    sizes = [e.numel() - 1 for e in edges]
+    for d, (e, size) in enumerate(zip(edges, sizes)):
+        v = points[:, d]
+        index = torch.searchsorted(e, v, right=True) - 1
+        inside &= (v >= e[0]) & (v <= e[-1])
+        flat = flat * size + index.clamp(0, size - 1)
+    w = torch.ones(n, dtype=points.dtype, device=points.device) if weight is None else weight
+    w = torch.where(inside, w.reshape(-1), 0)
+    total = math.prod(sizes)
+    hist = torch.zeros(total, dtype=points.dtype, device=points.device).index_add(0, flat, w)
+    hist = hist.reshape(sizes)
+    if density:
+        hist = hist / hist.sum()
+        for d, e in enumerate(edges):
+            shape = [1] * len(edges)
+            shape[d] = sizes[d]
+            hist = hist / (e[1:] - e[:-1]).reshape(shape)
+    return hist
+
+
+@special(aten.histogram.bin_ct, aten.histogram.bins_tensor)
+def _histogram(func, args, kwargs):
+    x, bins, *_ = _bound(func, args, kwargs)
+    _check_like_eager(func, args, kwargs)
+    points = x.reshape(-1, 1)
+    if isinstance(bins, torch.Tensor):
+        edges = [bins]
+    else:
+        edges = _edges(points, [bins], kwargs.get("range"))
+    return _grid_counts(points, edges, kwargs.get("weight"), kwargs.get("density", False)), edges[0]
+
+
+@special(
+    aten._histogramdd_bin_edges.default,
+    aten._histogramdd_from_bin_cts.default,
+    aten._histogramdd_from_bin_tensors.default,
+)
+def _histogramdd(func, args, kwargs):
+    x, bins = args[:2]
+    _check_like_eager(func, args, kwargs)
+    points = x.reshape(-1, x.shape[-1])
+    if func is aten._histogramdd_from_bin_tensors.default:
+        edges = list(bins)
+    else:
+        edges = _edges(points, bins, kwargs.get("range"))
+        if func is aten._histogramdd_bin_edges.default:
+            return edges
+    return _grid_counts(points, edges, kwargs.get("weight"), kwargs.get("density", False))

@@ -13,13 +13,19 @@ def _run(fn, *cpu_args, **kwargs):
     expected = fn(*cpu_args, **kwargs)
     lazy_args = [a.to("lazy") if isinstance(a, torch.Tensor) else a for a in cpu_args]
     before = lazy_torch.metrics.counters()
-    got = fn(*lazy_args, **kwargs)
-    got_cpu = [g.cpu() for g in got] if isinstance(got, (tuple, list)) else got
-    got_cpu = got_cpu.cpu() if isinstance(got_cpu, torch.Tensor) else got_cpu
+    lazy_kwargs = {k: v.to("lazy") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    got = fn(*lazy_args, **lazy_kwargs)
+    got_cpu = _cpu(got)
     after = lazy_torch.metrics.counters()
     new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     assert not [k for k in new if k.startswith("fallback::")], new
     return expected, got_cpu, new
+
+
+def _cpu(x):
+    if isinstance(x, (tuple, list)):
+        return [_cpu(v) for v in x]
+    return x.cpu() if isinstance(x, torch.Tensor) else x
 
 
 def _same(got, expected):
@@ -143,7 +149,9 @@ def test_equal_and_allclose_return_python_bools():
         _same(got, expected)
     assert new.get("syncs::allclose") == 1
     with pytest.raises(RuntimeError, match="Float did not match Long"):
-        torch.allclose(torch.ones(2, device="lazy"), torch.ones(2, dtype=torch.int64, device="lazy"))
+        torch.allclose(
+            torch.ones(2, device="lazy"), torch.ones(2, dtype=torch.int64, device="lazy")
+        )
 
 
 def test_linalg_errors_are_eagers_and_values_survive():
@@ -161,3 +169,45 @@ def test_linalg_errors_are_eagers_and_values_survive():
     expected, got, new = _run(torch.linalg.inv, good)
     torch.testing.assert_close(got, expected)
     assert new.get("syncs::linalg_check") == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"range": (0.0, 2.0)}, {"density": True}, {"weight": torch.arange(7.0)}],
+)
+def test_histogram(kwargs):
+    x = torch.tensor([0.5, -1.0, 2.0, 2.0, 3.5, 0.0, 1.25])
+    expected, got, new = _run(torch.histogram, x, 4, **kwargs)
+    torch.testing.assert_close(tuple(got), tuple(expected))
+    assert new.get("syncs::histogram", 0) == (0 if "range" in kwargs else 1)
+    if "range" not in kwargs:
+        edges = torch.tensor([-1.0, 0.0, 2.0, 3.5])
+        expected, got, new = _run(torch.histogram, x, edges, **kwargs)
+        torch.testing.assert_close(tuple(got), tuple(expected))
+        assert "syncs::histogram" not in new
+
+
+def test_histogram_edge_cases_match_eager():
+    expected, got, _ = _run(torch.histogram, torch.ones(3), 4)  # one value: edges at +-0.5
+    torch.testing.assert_close(tuple(got), tuple(expected))
+    for bad in ([0.0, NAN], [0.0, float("inf"), -2.0]):
+        with pytest.raises(RuntimeError) as eager:
+            torch.histogram(torch.tensor(bad), 4)
+        with pytest.raises(RuntimeError) as lazy:
+            torch.histogram(torch.tensor(bad).to("lazy"), 4)
+        assert str(lazy.value) == str(eager.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"bins": [2, 3]},
+        {"bins": [2, 3], "density": True},
+        {"bins": [1, 2], "range": [0.0, 4.0, 0.0, 5.0], "weight": torch.arange(4.0)},
+    ],
+)
+def test_histogramdd(kwargs):
+    x = torch.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 9.0], [4.0, 1.0]])
+    expected, got, _ = _run(torch.histogramdd, x, **kwargs)
+    torch.testing.assert_close(got[0], expected[0])
+    torch.testing.assert_close(tuple(got[1]), tuple(expected[1]))

@@ -98,6 +98,16 @@ def op_name(op) -> str:
 OPS = {op_name(op): op for op in op_db}
 
 
+def dtypes_of(name: str) -> tuple[torch.dtype, ...]:
+    """The dtypes an entry runs in: DTYPES, bfloat16 for BF16_OPS, and complex64 for complex-only
+    entries (imag, view_as_real, istft, ...), which support none of DTYPES."""
+    supported = OPS[name].supported_dtypes("cpu")
+    dtypes = DTYPES + ((torch.bfloat16,) if name in BF16_OPS else ())
+    if not supported & set(DTYPES) and torch.complex64 in supported:
+        dtypes += (torch.complex64,)
+    return dtypes
+
+
 @dataclasses.dataclass
 class Outcome:
     status: str  # "lowered", "fallback", "failing", "skipped"
@@ -111,9 +121,15 @@ SKIP = {
     "sparse.mm.reduce": "sparse layouts: not supported by XLA",
     "sparse.sampled_addmm": "sparse layouts: not supported by XLA",
     "chalf": "complex32 has no XLA element type",
+    "torch._scaled_mm": "float8-only entry: float8 tensors cannot be transferred yet",
+    "torch._scaled_mm_v2": "float8-only entry: float8 tensors cannot be transferred yet",
     "as_strided.partial_views": "reads the sample's base storage beyond the view, which "
     ".to('lazy') does not copy (as for any device)",
 }
+
+SKIP.update(
+    {name: "jiterator: CUDA-only JIT kernels" for name in OPS if name.startswith("jiterator_")}
+)
 
 # Positional arguments that eager requires on the CPU for any device (as for CUDA tensors).
 CPU_ARGS = {"tensor_split": {1}}
@@ -171,6 +187,8 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
     """Run up to MAX_SAMPLES samples of ``op`` in ``dtype``, eagerly and lazily, and compare."""
     if op_name(op) in SKIP:
         return Outcome("skipped", SKIP[op_name(op)])
+    if not op.supported_dtypes("cpu"):
+        return Outcome("skipped", "no eager CPU kernel (a CUDA-only entry)")
     if dtype not in op.supported_dtypes("cpu"):
         return Outcome("skipped", f"{dtype} unsupported in eager")
     random = op_name(op) in RANDOM_OPS
@@ -221,7 +239,7 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
         fallbacks.update(_fallbacks(before))
         checked += 1
     if checked == 0:
-        return Outcome("skipped", "eager accepts no sample")
+        return Outcome("skipped", "eager CPU rejects every sample")
     return Outcome("fallback" if fallbacks else "lowered", "", tuple(sorted(fallbacks)))
 
 

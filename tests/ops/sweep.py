@@ -14,13 +14,12 @@ import sys
 def _work(names: list[str]) -> dict[str, list]:
     import torch
 
-    from tests.ops.harness import BF16_OPS, DTYPES, OPS, run_op
+    from tests.ops.harness import OPS, dtypes_of, run_op
 
     out = {}
     for name in names:
         op = OPS[name]
-        dtypes = DTYPES + ((torch.bfloat16,) if name in BF16_OPS else ())
-        for dtype in dtypes:
+        for dtype in dtypes_of(name):
             grads = dtype == torch.float32 and op.supports_autograd
             try:
                 o = run_op(op, dtype, grads=grads)

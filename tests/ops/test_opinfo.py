@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.ops.expectations import FAILING, FALLBACK
-from tests.ops.harness import BF16_OPS, DTYPES, OPS, run_op
+from tests.ops.harness import OPS, dtypes_of, run_op
 
 CASES = [
     pytest.param(
@@ -20,7 +20,7 @@ CASES = [
         marks=[pytest.mark.slow, pytest.mark.xdist_group(name)],
     )
     for name in sorted(OPS)
-    for dtype in DTYPES + ((torch.bfloat16,) if name in BF16_OPS else ())
+    for dtype in dtypes_of(name)
 ]
 _outcomes: dict = {}
 
