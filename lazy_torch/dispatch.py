@@ -417,10 +417,18 @@ def _inplace(functional: Any) -> Handler:
         plan = _plan(func)
         ops = _Operands()
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
-        infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))  # its errors
+        eager_resizes = False
+        try:
+            infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))  # errors
+        except RuntimeError:
+            # Meta kernels refuse some resizes eager makes (``addbmm_`` on a 1-element self).
+            _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
+            eager_resizes = True
         result = dispatch(functional, args, kwargs)
-        # Some meta kernels resize or cast where eager refuses to: raise eager's own error.
+        if eager_resizes and result.shape != self.shape:
+            return become(self, result.to(self.dtype))
         if result.shape != self.shape or not torch.can_cast(result.dtype, self.dtype):
+            # Meta kernels resize or cast where eager refuses to: raise eager's own error.
             _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
         assign(self, result)
         return self
