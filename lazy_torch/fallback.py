@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import torch
 
 import runtime
 from lazy_torch import tensor as _tensor
-
-_OWN_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, runtime, _tensor)
-)
-_OWN_DIRS += (
-    os.path.dirname(os.path.dirname(os.path.abspath(_tensor.__file__))) + os.sep + "lazy_core",
-)
-
-
-def user_site() -> str:
-    """``file:line`` of the innermost frame outside torch and this backend."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if not path.startswith(_OWN_DIRS) and not path.startswith("<"):
-            return f"{path}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<unknown>"
+from lazy_torch.sites import user_site
 
 
 def _flat_tensors(v: Any, lazy: list, other: list) -> None:

@@ -10,6 +10,7 @@ import runtime
 from lazy_core import Graph, Storage, cut_graph, data_leaf, live_storages, pending_storages
 from lazy_core.ir import DATA
 from lazy_torch import rng as _rng
+from lazy_torch.sites import user_site
 
 
 def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
@@ -42,6 +43,8 @@ def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
             by_device.setdefault(s.device, []).append(s)
     if by_device:
         runtime.metrics.count(f"syncs::{cause}")
+        if cause != "mark_step":  # a sync inside a step: where the user's code asked for it
+            runtime.metrics.site(f"syncs::{cause}", user_site())
     held = (
         {id(s.node.payload) for s in live_storages() if not s.pending}
         if donate and by_device
