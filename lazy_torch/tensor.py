@@ -47,6 +47,17 @@ class LazyTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    # Having these two makes ``Module._apply`` (``model.to('lazy')``) swap each CPU parameter's
+    # contents in place instead of making a new Parameter per module: a parameter shared by
+    # several modules (tied embeddings, T5's shared/lm_head) stays one object, as in eager.
+    # The value lives in ``_lazy``, so there are no inner tensors to flatten.
+    def __tensor_flatten__(self) -> tuple[list[str], tuple[View, Meta]]:
+        return [], (self._lazy, self._meta)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride) -> LazyTensor:
+        return wrap(*ctx)
+
     @property
     def data(self) -> torch.Tensor:
         return torch.Tensor.data.__get__(self)

@@ -169,3 +169,27 @@ def test_graphs_reading_different_same_shaped_inputs_do_not_share_an_executable(
     ga, gb = torch.autograd.grad((la * lb).sqrt().sum(), (la, lb))
     assert ga.cpu().tolist() == pytest.approx((0.5 * (b / a).sqrt()).tolist())
     assert gb.cpu().tolist() == pytest.approx((0.5 * (a / b).sqrt()).tolist())
+
+
+def test_module_to_lazy_keeps_tied_parameters_one_object():
+    # Tied embeddings (GPT-2's wte/lm_head, T5's shared): eager sums both uses' gradients into
+    # one parameter; a copy per module would train them apart.
+    def tied():
+        torch.manual_seed(0)
+        emb, head = torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False)
+        head.weight = emb.weight
+        return torch.nn.Sequential(emb, head)
+
+    cpu, lazy = tied(), tied()
+    weight = lazy[0].weight
+    lazy.to("lazy")
+    assert lazy[0].weight is weight and lazy[1].weight is weight
+    assert isinstance(weight, torch.nn.Parameter) and weight.device.type == "lazy"
+    assert len(list(lazy.parameters())) == 1
+    ids = torch.tensor([[0, 3, 4]])
+    for model, x in ((cpu, ids), (lazy, ids.to("lazy"))):
+        torch.optim.SGD(model.parameters(), lr=0.1).zero_grad()
+        model(x).square().sum().backward()
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+    torch.testing.assert_close(lazy[1].weight.cpu(), cpu[1].weight)
+    torch.testing.assert_close(lazy[0].weight.grad.cpu(), cpu[0].weight.grad)
