@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 import runtime
-from lazy_torch import data_dependent, debug, meta_kernels, metrics, ops  # noqa: F401
+from lazy_torch import amp, data_dependent, debug, meta_kernels, metrics, ops  # noqa: F401
 from lazy_torch.rng import manual_seed
 from lazy_torch.sync import mark_step
 from lazy_torch.tensor import LazyTensor
@@ -35,6 +35,7 @@ def wait_device_ops() -> None:
 
 __all__ = [
     "LazyTensor",
+    "amp",
     "debug",
     "device",
     "device_count",
