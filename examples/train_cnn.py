@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lazy_torch
+from _summary import print_summary
 
 
 class Net(nn.Module):
@@ -63,11 +64,7 @@ def main() -> None:
     lazy_torch.wait_device_ops()
     elapsed = time.perf_counter() - start
     steady = args.steps - warmup
-    c = lazy_torch.metrics.counters()
-    print(
-        f"{steady / elapsed:.1f} steps/s (steady state), compiles {c.get('compiles', 0)}, "
-        f"cache hits {c.get('cache_hits', 0)}"
-    )
+    print_summary(steady / elapsed, "steps/s")
 
 
 if __name__ == "__main__":

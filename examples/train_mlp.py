@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lazy_torch
+from _summary import print_summary
 
 
 def synthetic_data(n: int, features: int, classes: int, seed: int = 0):
@@ -60,12 +61,7 @@ def main() -> None:
     lazy_torch.wait_device_ops()
     elapsed = time.perf_counter() - start
     steady = args.steps - warmup
-    c = lazy_torch.metrics.counters()
-    print(
-        f"{steady / elapsed:.1f} steps/s (steady state), compiles {c.get('compiles', 0)}, "
-        f"cache hits {c.get('cache_hits', 0)}, fallbacks "
-        f"{sum(v for k, v in c.items() if k.startswith('fallback::'))}"
-    )
+    print_summary(steady / elapsed, "steps/s")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import torch
 
 import runtime
 from lazy_torch import amp, data_dependent, debug, meta_kernels, metrics, ops  # noqa: F401
+from lazy_torch.data import DeviceLoader, to_device
 from lazy_torch.rng import manual_seed
 from lazy_torch.sync import mark_step
 from lazy_torch.tensor import LazyTensor
@@ -34,6 +35,7 @@ def wait_device_ops() -> None:
 
 
 __all__ = [
+    "DeviceLoader",
     "LazyTensor",
     "amp",
     "debug",
@@ -42,5 +44,6 @@ __all__ = [
     "manual_seed",
     "mark_step",
     "metrics",
+    "to_device",
     "wait_device_ops",
 ]

@@ -1,0 +1,110 @@
+"""Input pipelines: move batches to the lazy device ahead of use, on a background thread.
+
+>>> import torch, lazy_torch
+>>> data = [(torch.ones(2, 3), torch.zeros(2)) for _ in range(3)]
+>>> [x.device.type for x, y in lazy_torch.DeviceLoader(data)]
+['lazy', 'lazy', 'lazy']
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from lazy_core import View
+from lazy_torch.tensor import from_cpu, meta_of, wrap
+
+_END = object()
+
+
+def to_device(batch: Any, device: torch.device | str | None = None) -> Any:
+    """``batch`` (tensors in any nesting of tuples, lists, dicts, dataclasses) on a lazy device.
+
+    Each CPU tensor becomes a lazy tensor holding its transferred buffer; nothing is recorded, so
+    this is safe to run on a background thread while the main thread traces.
+    """
+    index = torch.device(device or "lazy").index or 0
+    return _move(batch, index)
+
+
+def _move(x: Any, index: int) -> Any:
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "lazy":
+            return x
+        x = x.detach()
+        if not x.is_contiguous():
+            x = x.contiguous()
+        return wrap(View(from_cpu(x, index)), meta_of(x))
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
+        return type(x)(*(_move(v, index) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_move(v, index) for v in x)
+    if isinstance(x, collections.abc.Mapping):
+        return type(x)({k: _move(v, index) for k, v in x.items()})
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(
+            x, **{f.name: _move(getattr(x, f.name), index) for f in dataclasses.fields(x) if f.init}
+        )
+    return x
+
+
+class DeviceLoader:
+    """Iterate ``loader`` (any iterable of batches, e.g. a ``torch.utils.data.DataLoader``) with
+    every batch already on ``device``.
+
+    A background thread pulls batches and starts their host-to-device transfers up to
+    ``prefetch`` batches ahead, so loading and transfer overlap the training step. Errors raised
+    by the loader surface in the consuming loop.
+    """
+
+    def __init__(
+        self, loader: Iterable, device: torch.device | str | None = None, prefetch: int = 2
+    ):
+        self.loader = loader
+        self.device = device
+        self.prefetch = max(1, int(prefetch))
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        batches: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    batches.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            try:
+                for batch in self.loader:
+                    if not put(to_device(batch, self.device)):
+                        return
+                put(_END)
+            except BaseException as e:  # handed to the consumer, raised there
+                put(e)
+
+        thread = threading.Thread(target=produce, name="lazy-device-loader", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = batches.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            thread.join(timeout=5)
