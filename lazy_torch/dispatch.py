@@ -325,6 +325,9 @@ def record(
     args_t, kwargs_t = _template(plan, args, kwargs, ops)
     meta = infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))
     if plan.matmul:
+        if len({k[3] for k in ops.keys if type(k) is tuple and len(k) == 4}) > 1:
+            # Meta kernels let matmuls mix dtypes; eager refuses: raise its error.
+            _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
         kwargs_t += (("_precision", _matmul_precision()),)
     if extra is not None:
         kwargs_t += extra(ops)

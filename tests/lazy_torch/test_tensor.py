@@ -193,3 +193,13 @@ def test_module_to_lazy_keeps_tied_parameters_one_object():
         torch.optim.SGD(model.parameters(), lr=0.1).step()
     torch.testing.assert_close(lazy[1].weight.cpu(), cpu[1].weight)
     torch.testing.assert_close(lazy[0].weight.grad.cpu(), cpu[0].weight.grad)
+
+
+def test_matmul_of_mixed_dtypes_gives_eagers_error():
+    a, b = torch.ones(2, 3), torch.ones(3, 2, dtype=torch.bfloat16)
+    for fn in (torch.mm, torch.matmul, lambda x, y: torch.nn.functional.linear(x, y.T)):
+        with pytest.raises(RuntimeError) as eager:
+            fn(a, b)
+        with pytest.raises(RuntimeError) as lazy:
+            fn(a.to("lazy"), b.to("lazy"))
+        assert str(lazy.value) == str(eager.value)
