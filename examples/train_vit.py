@@ -5,6 +5,7 @@ import time
 
 import torch
 import transformers
+from _summary import print_summary
 
 import lazy_torch
 
@@ -67,12 +68,7 @@ def main() -> None:
     lazy_torch.wait_device_ops()
     elapsed = time.perf_counter() - start
     steady = args.steps - warmup
-    c = lazy_torch.metrics.counters()
-    print(
-        f"{steady * args.batch / elapsed:.1f} images/s, {steady / elapsed:.2f} steps/s "
-        f"(steady state), compiles {c.get('compiles', 0)}, cache hits {c.get('cache_hits', 0)}, "
-        f"fallbacks {sum(v for k, v in c.items() if k.startswith('fallback::'))}"
-    )
+    print_summary(steady * args.batch / elapsed, "images/s")
 
 
 if __name__ == "__main__":
