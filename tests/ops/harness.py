@@ -229,9 +229,15 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
             got = op(*lazy_args, **lazy_kwargs)
             # OpInfo's own view for comparison, e.g. sign-independent |U|, |V| for decompositions.
             process = sample.output_process_fn_grad
-            _compare(process(got), process(expected), random_sample)
-            if grads and not random_sample:
-                _compare_grads(args, process(expected), lazy_args, process(got))
+            got, expected = process(got), process(expected)
+            pairs = (
+                _gradients(args, expected, lazy_args, got) if grads and not random_sample else []
+            )
+            lazy_torch.mark_step()  # outputs and gradients: one graph, one compile
+            _compare(got, expected, random_sample)
+            for e, g in pairs:
+                assert g is not None, "missing gradient"
+                torch.testing.assert_close(g.cpu(), e, equal_nan=True, atol=1e-3, rtol=1e-3)
         except Exception as e:
             return Outcome("failing", f"{type(e).__name__}: {str(e)[:300]}")
         finally:
@@ -251,19 +257,17 @@ def _float_leaves(x: Any) -> list[torch.Tensor]:
     ]
 
 
-def _compare_grads(args, expected, lazy_args, got) -> None:
+def _gradients(args, expected, lazy_args, got) -> list[tuple[torch.Tensor, Any]]:
+    """(eager, lazy) gradients of the float outputs for one random cotangent, the lazy ones
+    still pending."""
     inputs, lazy_inputs = _float_leaves(args), _float_leaves(lazy_args)
     outs, lazy_outs = _float_leaves(expected), _float_leaves(got)
     if not inputs or not outs:
-        return
+        return []
     torch.manual_seed(0)
     cotangents = [torch.randn_like(o) for o in outs]
     eager_grads = torch.autograd.grad(outs, inputs, cotangents, allow_unused=True)
     lazy_grads = torch.autograd.grad(
         lazy_outs, lazy_inputs, [c.to("lazy") for c in cotangents], allow_unused=True
     )
-    for e, g in zip(eager_grads, lazy_grads):
-        if e is None:
-            continue
-        assert g is not None, "missing gradient"
-        torch.testing.assert_close(g.cpu(), e, equal_nan=True, atol=1e-3, rtol=1e-3)
+    return [(e, g) for e, g in zip(eager_grads, lazy_grads) if e is not None]
