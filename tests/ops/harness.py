@@ -196,8 +196,8 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
         samples = list(op.sample_inputs("cpu", dtype, requires_grad=grads))[:MAX_SAMPLES]
     except Exception as e:
         return Outcome("skipped", f"no samples: {type(e).__name__}")
-    fallbacks: set[str] = set()
-    checked = 0
+    before = lazy_torch.metrics.counters()
+    traced = []  # (got, expected, gradient pairs, random) per sample, computed by one graph
     for sample in samples:
         args = (sample.input, *sample.args)
         # Dropout inside a sample draws from the device RNG: compare shapes and dtypes only.
@@ -209,21 +209,10 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
         try:
             expected = op(*args, **sample.kwargs)
         except Exception as eager_error:
-            before = lazy_torch.metrics.counters()
-            try:
-                op(*_lazy_args(op_name(op), args), **to_lazy(sample.kwargs))
-                lazy_torch.mark_step(wait=True)
-            except type(eager_error):
-                fallbacks.update(_fallbacks(before))
-                continue
-            except Exception as e:
-                return Outcome(
-                    "failing",
-                    f"eager raised {type(eager_error).__name__}, lazy "
-                    f"{type(e).__name__}: {str(e)[:200]}",
-                )
-            return Outcome("failing", f"eager raised {type(eager_error).__name__}, lazy did not")
-        before = lazy_torch.metrics.counters()
+            failure = _expect_error(op, args, sample.kwargs, eager_error)
+            if failure is not None:
+                return failure
+            continue
         try:
             lazy_args, lazy_kwargs = _lazy_args(op_name(op), args), to_lazy(sample.kwargs)
             got = op(*lazy_args, **lazy_kwargs)
@@ -233,20 +222,40 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
             pairs = (
                 _gradients(args, expected, lazy_args, got) if grads and not random_sample else []
             )
-            lazy_torch.mark_step()  # outputs and gradients: one graph, one compile
+        except Exception as e:
+            lazy_torch.mark_step(wait=True)
+            return Outcome("failing", f"{type(e).__name__}: {str(e)[:300]}")
+        traced.append((got, expected, pairs, random_sample))
+    try:
+        lazy_torch.mark_step()  # every sample's outputs and gradients: one graph, one compile
+        for got, expected, pairs, random_sample in traced:
             _compare(got, expected, random_sample)
             for e, g in pairs:
                 assert g is not None, "missing gradient"
                 torch.testing.assert_close(g.cpu(), e, equal_nan=True, atol=1e-3, rtol=1e-3)
-        except Exception as e:
-            return Outcome("failing", f"{type(e).__name__}: {str(e)[:300]}")
-        finally:
-            lazy_torch.mark_step(wait=True)
-        fallbacks.update(_fallbacks(before))
-        checked += 1
-    if checked == 0:
+    except Exception as e:
+        return Outcome("failing", f"{type(e).__name__}: {str(e)[:300]}")
+    finally:
+        lazy_torch.mark_step(wait=True)
+    if not traced:
         return Outcome("skipped", "eager CPU rejects every sample")
-    return Outcome("fallback" if fallbacks else "lowered", "", tuple(sorted(fallbacks)))
+    fallbacks = _fallbacks(before)
+    return Outcome("fallback" if fallbacks else "lowered", "", fallbacks)
+
+
+def _expect_error(op, args: tuple, kwargs: dict, eager_error: Exception) -> Outcome | None:
+    """Eager rejected a sample: lazy must raise the same type (None), else a failing outcome."""
+    try:
+        op(*_lazy_args(op_name(op), args), **to_lazy(kwargs))
+        lazy_torch.mark_step(wait=True)
+    except type(eager_error):
+        return None
+    except Exception as e:
+        return Outcome(
+            "failing",
+            f"eager raised {type(eager_error).__name__}, lazy {type(e).__name__}: {str(e)[:200]}",
+        )
+    return Outcome("failing", f"eager raised {type(eager_error).__name__}, lazy did not")
 
 
 def _float_leaves(x: Any) -> list[torch.Tensor]:
