@@ -1,6 +1,6 @@
 """Training step time of the tests/models transformers models: eager CPU vs device='lazy'.
 
-python benchmarks/model_steps.py [--steps 12] [--threads N] [gpt2 llama ...]
+PYTHONPATH=. python benchmarks/model_steps.py [--steps 12] [--threads N] [gpt2 llama ...]
 
 Each model (its tiny test config) trains with AdamW + clip_grad_norm_; after 3 warm-up steps,
 every step is timed to the end of its device work (lazy: mark_step, then wait), and the median is
