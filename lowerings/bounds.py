@@ -1,10 +1,11 @@
-"""Index bounds checks: eager raises on an out-of-range index; XLA would clamp or drop it.
+"""Runtime checks: eager raises on an out-of-range index or an integer division by zero; XLA
+would clamp, drop or return garbage.
 
-Each op that reads or writes through an index tensor has one entry in ``BOUNDS``. The runtime
-evaluates ``index_checks`` next to the op's lowering: every check yields ``[bad, index]`` on the
-device (whether any index is out of range, and the first such index in row-major order), and the
-runtime raises eager's error, built by ``Bound.error``, when a graph reports one. Indices never
-leave the device otherwise.
+Each op that reads or writes through an index tensor has one entry in ``BOUNDS``, each integer
+division one in ``DIVISIONS``. The runtime evaluates ``runtime_checks`` next to the op's lowering:
+every check yields ``[bad, index]`` on the device (whether any index is out of range, and the
+first such index in row-major order), and the runtime raises eager's error, built by the entry's
+``error``, when a graph reports one. The data never leaves the device otherwise.
 """
 
 from __future__ import annotations
@@ -76,9 +77,52 @@ def _check(index: Any, size: int, negative: bool) -> Any:
     return jnp.stack([jnp.any(bad).astype(jnp.int64), index[jnp.argmax(bad)]])
 
 
-def index_checks(op: str, args: tuple) -> list[tuple[Any, tuple[Bound, int, int]]]:
-    """``[bad, index]`` device values for each index tensor of ``op``, with what the error needs
-    (the entry, the dim to report, the size)."""
+class _ZeroDivision:
+    """Integer ``//``, ``%``, fmod and rounding division: eager raises on a zero divisor."""
+
+    @staticmethod
+    def error(index: int, dim: int, size: int) -> Exception:
+        return RuntimeError("ZeroDivisionError")
+
+
+_ZERO_DIVISION = _ZeroDivision()
+DIVISIONS = frozenset(
+    f"aten.{name}"
+    for name in (
+        "div.Tensor_mode",
+        "div.Scalar_mode",
+        "floor_divide.default",
+        "floor_divide.Scalar",
+        "remainder.Tensor",
+        "remainder.Scalar",
+        "remainder.Scalar_Tensor",
+        "fmod.Tensor",
+        "fmod.Scalar",
+    )
+)
+CHECKED = frozenset(BOUNDS) | DIVISIONS
+
+
+def _integral(x: Any) -> bool:
+    dtype = jnp.result_type(x)
+    return jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_
+
+
+def runtime_checks(op: str, args: tuple, kwargs: dict) -> list[tuple[Any, tuple[Any, int, int]]]:
+    """``[bad, index]`` device values for each check of ``op``, with what its error needs (the
+    entry that builds it, and for index checks the dim to report and the size)."""
+    if op in DIVISIONS:
+        x, divisor = args[0], args[1]
+        if not (_integral(x) and _integral(divisor)):
+            return []  # a float result: division by zero is inf or nan, as in eager
+        if op.startswith("aten.div.") and kwargs.get("rounding_mode") is None:
+            return []
+        bad = jnp.any(jnp.asarray(divisor) == 0).astype(jnp.int64)
+        return [(jnp.stack([bad, jnp.zeros((), jnp.int64)]), (_ZERO_DIVISION, 0, 0))]
+    return _index_checks(op, args)
+
+
+def _index_checks(op: str, args: tuple) -> list[tuple[Any, tuple[Bound, int, int]]]:
     bound = BOUNDS[op]
     shape = args[0].shape
     if bound.above_1d is not None and len(shape) > 1:

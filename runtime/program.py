@@ -11,7 +11,7 @@ import numpy as np
 
 from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, Operand
 from lowerings import LOWERINGS, LoweringContext
-from lowerings.bounds import BOUNDS, index_checks
+from lowerings.bounds import CHECKED, runtime_checks
 
 # Keyword arguments a front end adds to a node's template for the runtime, not for the lowering.
 _PRECISION = "_precision"
@@ -52,8 +52,8 @@ def _apply(
     args_t, kwargs_t = arg
     args = _fill(args_t, operands)
     kwargs = {k: _fill(v, operands) for k, v in kwargs_t}
-    if op in BOUNDS:
-        checks.extend(index_checks(op, args))
+    if op in CHECKED:
+        checks.extend(runtime_checks(op, args, kwargs))
     precision = kwargs.pop(_PRECISION, "highest")
     state = kwargs.pop(_RNG, None)
     key = rng_key(state, kwargs.pop(_RNG_INDEX, 0)) if state is not None else None
@@ -83,7 +83,7 @@ def _checked(op: str, out: Any, shape: tuple, dtype: np.dtype) -> Any:
 def build_function(plan: tuple[tuple, ...], outputs: tuple[int, ...]) -> Callable[..., tuple]:
     """The JAX function computing ``outputs`` of ``plan`` from the graph parameters.
 
-    When the plan has index bounds checks, the function returns one more output, an int64
+    When the plan has runtime checks (index bounds, integer division by zero), the function returns one more output, an int64
     ``(checks, 2)`` array of ``[bad, index]`` rows, and ``run.errors`` (filled when it is traced)
     says how to build each row's error.
     """

@@ -1,4 +1,5 @@
-"""Out-of-range indices raise eager's error (type and message), never clamp or wrap silently."""
+"""Out-of-range indices and integer division by zero raise eager's error (type and message),
+never a clamped, wrapped or garbage value."""
 
 import pytest
 import torch
@@ -63,3 +64,39 @@ def test_a_failed_check_keeps_values_and_an_async_step_reports_at_the_next_barri
     del z
     lazy_torch.mark_step()  # reported once: the next barrier is clean
     torch.testing.assert_close(w.cpu(), X + 1)
+
+
+DIVISIONS = {
+    "floor_divide": lambda a, b: a // b,
+    "trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "true": lambda a, b: a / b,
+    "remainder": lambda a, b: a % b,
+    "fmod": torch.fmod,
+    "by_zero_scalar": lambda a, b: a // 0,
+    "remainder_zero_scalar": lambda a, b: torch.remainder(a, 0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+@pytest.mark.parametrize("name", sorted(DIVISIONS))
+def test_integer_division_by_zero_matches_eager(name, dtype):
+    fn = DIVISIONS[name]
+    a, b = torch.tensor([5, -3, 7], dtype=dtype), torch.tensor([2, 1, 0], dtype=dtype)
+    try:
+        expected = fn(a, b)
+    except RuntimeError as eager:
+        assert _lazy_division_error(fn, a, b) == (type(eager), str(eager))
+    else:
+        torch.testing.assert_close(fn(a.to("lazy"), b.to("lazy")).cpu(), expected, equal_nan=True)
+    if not name.endswith("scalar"):  # nonzero divisors: no error, eager's values
+        ok = torch.tensor([2, 1, 3], dtype=dtype)
+        torch.testing.assert_close(fn(a.to("lazy"), ok.to("lazy")).cpu(), fn(a, ok))
+
+
+def _lazy_division_error(fn, a, b):
+    try:
+        fn(a.to("lazy"), b.to("lazy")).cpu()
+    except Exception as e:  # drop the traceback that keeps the failed pending tensor alive
+        return type(e), str(e)
+    return None
