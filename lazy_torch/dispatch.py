@@ -283,15 +283,21 @@ def infer(func: Any, args: tuple, kwargs: dict, key: Any) -> Any:
         except Exception:
             _raise_eager_error(func, margs, mkwargs)
             raise
+        if str(func) in _MATMUL_OPS and len({a.dtype for a in margs if _is_meta(a)}) > 1:
+            _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
         out = _meta_cache[key] = _out_meta(result)
     return out
+
+
+def _is_meta(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.device.type == "meta"
 
 
 def _raise_eager_error(func: Any, margs: Any, mkwargs: dict) -> None:
     """Raise the error eager CPU PyTorch gives for these shapes: meta kernels word some differently."""
 
     def cpu(v: Any) -> Any:
-        if isinstance(v, torch.Tensor) and v.device.type == "meta":
+        if _is_meta(v):
             return torch.zeros(v.shape, dtype=v.dtype)
         if isinstance(v, (list, tuple)):
             return type(v)(cpu(x) for x in v)
@@ -325,9 +331,6 @@ def record(
     args_t, kwargs_t = _template(plan, args, kwargs, ops)
     meta = infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))
     if plan.matmul:
-        if len({k[3] for k in ops.keys if type(k) is tuple and len(k) == 4}) > 1:
-            # Meta kernels let matmuls mix dtypes; eager refuses: raise its error.
-            _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
         kwargs_t += (("_precision", _matmul_precision()),)
     if extra is not None:
         kwargs_t += extra(ops)

@@ -90,3 +90,5 @@ def _like_input(position: int):
 _lib.impl("multi_margin_loss_backward", _like_input(1), "Meta")
 _lib.impl("multilabel_margin_loss_backward", _like_input(1), "Meta")
 _lib.impl("_ctc_loss_backward", _like_input(1), "Meta")
+# Pooling backward: the gradient of the pooled input.
+_lib.impl("fractional_max_pool3d_backward", _like_input(1), "Meta")

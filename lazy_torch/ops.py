@@ -224,27 +224,6 @@ def _rrelu_with_noise(func, args, kwargs):
     return out
 
 
-@special(aten.fractional_max_pool3d_backward.default)
-def _fractional_max_pool3d_backward(func, args, kwargs):
-    # PyTorch has no meta kernel for this op: scatter-add the gradient with ops that have one.
-    grad_output, self, indices = args[0], args[1], args[4]
-    planes = (*self.shape[:-3], -1)
-    zeros = dispatch(
-        aten.new_zeros.default, (self, (*self.shape[:-3], self.shape[-3:].numel())), {}
-    )
-    grad = dispatch(
-        aten.scatter_add.default,
-        (
-            zeros,
-            -1,
-            dispatch(aten.reshape.default, (indices, planes), {}),
-            dispatch(aten.reshape.default, (grad_output, planes), {}),
-        ),
-        {},
-    )
-    return dispatch(aten.reshape.default, (grad, tuple(self.shape)), {})
-
-
 @special(aten._native_batch_norm_legit_no_training.default)
 def _batch_norm_eval(func, args, kwargs):
     # Eager returns empty saved statistics in evaluation; the meta kernels give (C,).

@@ -556,5 +556,6 @@ def _fractional_max_pool_backward(ctx, grad_output, self, kernel_size, output_si
 
 for _n in (2, 3):
     lowering(f"aten.fractional_max_pool{_n}d.default")(partial(_fractional_max_pool, n=_n))
-# The 3-d backward has no meta kernel in PyTorch; lazy_torch/ops.py records it as a scatter-add.
-lowering("aten.fractional_max_pool2d_backward.default")(partial(_fractional_max_pool_backward, n=2))
+    lowering(f"aten.fractional_max_pool{_n}d_backward.default")(
+        partial(_fractional_max_pool_backward, n=_n)
+    )

@@ -26,7 +26,7 @@ class Executable:
     def __init__(self, compiled: Any, graph_size: int, errors: list):
         self.compiled = compiled
         self.graph_size = graph_size
-        self.errors = errors  # how to build the error of each bounds-check row (see program.py)
+        self.errors = errors  # how to build the error of each runtime-check row (program.py)
 
 
 _cache: dict[Any, Executable] = {}
@@ -97,8 +97,8 @@ def run_graph(
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
     whose buffers the caller will never read again: XLA may reuse them for outputs.
 
-    A graph with index bounds checks waits for them and raises eager's error (an out-of-range
-    index) before returning, so the caller keeps every previous value; with ``defer_checks``
+    A graph with runtime checks waits for them and raises eager's error (an out-of-range index,
+    an integer division by zero) before returning, so the caller keeps every previous value; with ``defer_checks``
     it returns without waiting and ``check_errors`` raises the error later.
     """
     key = (graph.key, donate)
@@ -127,12 +127,12 @@ def run_graph(
     return tuple(outputs)
 
 
-# Bounds checks of dispatched executions nobody has looked at yet: (device rows, error builders).
+# Runtime checks of dispatched executions nobody has looked at yet: (device rows, error builders).
 _unchecked: list[tuple[jax.Array, list]] = []
 
 
 def check_errors(wait: bool = True) -> None:
-    """Raise the error of the first out-of-range index that a dispatched execution reported.
+    """Raise the first error (out-of-range index, division by zero) an execution reported.
 
     With ``wait=False`` executions still running are left for a later call."""
     pending = list(_unchecked)

@@ -83,9 +83,9 @@ def _checked(op: str, out: Any, shape: tuple, dtype: np.dtype) -> Any:
 def build_function(plan: tuple[tuple, ...], outputs: tuple[int, ...]) -> Callable[..., tuple]:
     """The JAX function computing ``outputs`` of ``plan`` from the graph parameters.
 
-    When the plan has runtime checks (index bounds, integer division by zero), the function returns one more output, an int64
-    ``(checks, 2)`` array of ``[bad, index]`` rows, and ``run.errors`` (filled when it is traced)
-    says how to build each row's error.
+    When the plan has runtime checks (index bounds, integer division by zero), the function
+    returns one more output, an int64 ``(checks, 2)`` array of ``[bad, index]`` rows, and
+    ``run.errors`` (filled when it is traced) says how to build each row's error.
     """
     errors: list = []
 
