@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from lazy_core import View
-from lazy_torch.tensor import from_cpu, meta_of, wrap
+from lazy_torch.tensor import upload
 
 _END = object()
 
@@ -40,7 +39,7 @@ def _move(x: Any, index: int) -> Any:
         x = x.detach()
         if not x.is_contiguous():
             x = x.contiguous()
-        return wrap(View(from_cpu(x, index)), meta_of(x))
+        return upload(x, index)
     if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
         return type(x)(*(_move(v, index) for v in x))
     if isinstance(x, (list, tuple)):

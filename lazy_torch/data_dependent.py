@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from lazy_torch.dispatch import _raise_eager_error, _to_meta, special
+from lazy_torch.dispatch import check_like_eager, special
 from lazy_torch.tensor import to_cpu
 
 aten = torch.ops.aten
@@ -22,11 +22,6 @@ aten = torch.ops.aten
 def _fetch(t: torch.Tensor, cause: str) -> list:
     """The values of a small lazy tensor as Python numbers (one sync)."""
     return to_cpu(t, cause=cause).tolist()
-
-
-def _check_like_eager(func: Any, args: tuple, kwargs: dict) -> None:
-    """Raise the error eager gives for arguments of these shapes and dtypes, if any."""
-    _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -67,7 +62,7 @@ def _count(mask: torch.Tensor, cause: str) -> int:
 @special(aten.nonzero.default)
 def _nonzero(func, args, kwargs):
     x = args[0]
-    _check_like_eager(func, args, kwargs)
+    check_like_eager(func, args, kwargs)
     size = _count(x.ne(0), "nonzero")
     return aten.nonzero_static.default(x, size=size)
 
@@ -75,7 +70,7 @@ def _nonzero(func, args, kwargs):
 @special(aten.masked_select.default)
 def _masked_select(func, args, kwargs):
     x, mask = args
-    _check_like_eager(func, args, kwargs)
+    check_like_eager(func, args, kwargs)
     shape = torch.broadcast_shapes(x.shape, mask.shape)
     flat_mask = mask.expand(shape).reshape(-1)
     index = _nonzero(aten.nonzero.default, (flat_mask,), {}).reshape(-1)
@@ -87,7 +82,7 @@ def _bincount(func, args, kwargs):
     x = args[0]
     weights = args[1] if len(args) > 1 else kwargs.get("weights")
     minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
-    _check_like_eager(func, args, kwargs)
+    check_like_eager(func, args, kwargs)
     length = minlength
     if x.numel():
         low, high = _fetch(torch.stack([x.min(), x.max()]), "bincount")
@@ -107,7 +102,7 @@ def _bincount(func, args, kwargs):
 def _repeat_interleave(func, args, kwargs):
     repeats = args[0]
     output_size = kwargs.get("output_size")
-    _check_like_eager(func, args, {})
+    check_like_eager(func, args, {})
     if repeats.numel() == 0:
         return torch.zeros(0, dtype=repeats.dtype, device=repeats.device)
     ends = repeats.cumsum(0)
@@ -155,14 +150,14 @@ def _unique_flat(x, sort, return_inverse, return_counts, cause):
 @special(aten._unique2.default)
 def _unique2(func, args, kwargs):
     x, _, return_inverse, return_counts = _bound(func, args, kwargs)
-    _check_like_eager(func, args, kwargs)
+    check_like_eager(func, args, kwargs)
     return _unique_flat(x, True, return_inverse, return_counts, "unique")
 
 
 @special(aten._unique.default)
 def _unique(func, args, kwargs):
     x, _, return_inverse = _bound(func, args, kwargs)
-    _check_like_eager(func, args, kwargs)
+    check_like_eager(func, args, kwargs)
     return _unique_flat(x, True, return_inverse, False, "unique")[:2]
 
 
@@ -174,7 +169,7 @@ def _unique_along(func, args, kwargs):
     else:
         x, return_inverse, return_counts, dim = _bound(func, args, kwargs)
         sort = False
-    _check_like_eager(func, args, kwargs)
+    check_like_eager(func, args, kwargs)
     if dim is None:
         return _unique_flat(x, sort, return_inverse, return_counts, "unique")
     moved = x.movedim(dim, 0)
@@ -273,7 +268,7 @@ def _grid_counts(points: torch.Tensor, edges: list, weight: Any, density: bool) 
 @special(aten.histogram.bin_ct, aten.histogram.bins_tensor)
 def _histogram(func, args, kwargs):
     x, bins, *_ = _bound(func, args, kwargs)
-    _check_like_eager(func, args, kwargs)
+    check_like_eager(func, args, kwargs)
     points = x.reshape(-1, 1)
     if isinstance(bins, torch.Tensor):
         edges = [bins]
@@ -289,7 +284,7 @@ def _histogram(func, args, kwargs):
 )
 def _histogramdd(func, args, kwargs):
     x, bins = args[:2]
-    _check_like_eager(func, args, kwargs)
+    check_like_eager(func, args, kwargs)
     points = x.reshape(-1, x.shape[-1])
     if func is aten._histogramdd_from_bin_tensors.default:
         edges = list(bins)

@@ -293,6 +293,11 @@ def _is_meta(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type == "meta"
 
 
+def check_like_eager(func: Any, args: tuple, kwargs: dict) -> None:
+    """Raise the error eager CPU PyTorch gives for arguments of these shapes and dtypes, if any."""
+    _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
+
+
 def _raise_eager_error(func: Any, margs: Any, mkwargs: dict) -> None:
     """Raise the error eager CPU PyTorch gives for these shapes: meta kernels word some differently."""
 
@@ -428,14 +433,14 @@ def _inplace(functional: Any) -> Handler:
             infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))  # errors
         except RuntimeError:
             # Meta kernels refuse some resizes eager makes (``addbmm_`` on a 1-element self).
-            _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
+            check_like_eager(func, args, kwargs)
             eager_resizes = True
         result = dispatch(functional, args, kwargs)
         if eager_resizes and result.shape != self.shape:
             return become(self, result.to(self.dtype))
         if result.shape != self.shape or not torch.can_cast(result.dtype, self.dtype):
             # Meta kernels resize or cast where eager refuses to: raise eager's own error.
-            _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
+            check_like_eager(func, args, kwargs)
         assign(self, result)
         return self
 

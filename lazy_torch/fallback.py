@@ -33,7 +33,7 @@ def _to_cpu(v: Any) -> Any:
 
 def _to_lazy(v: Any, device: int) -> Any:
     if isinstance(v, torch.Tensor):
-        return _tensor.fresh(_tensor.from_cpu(v, device).node, device, _tensor.meta_of(v))
+        return _tensor.upload(v, device)
     if isinstance(v, (list, tuple)):
         return type(v)(_to_lazy(x, device) for x in v)
     return v

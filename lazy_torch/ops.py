@@ -7,10 +7,9 @@ from typing import Any
 import torch
 
 from lazy_torch import rng
-from lazy_core import View
 from lazy_torch.dispatch import assign, assign_node, become, dispatch, record, special
 from lazy_torch.dispatch import recorded as _recorded_or_fallback
-from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, wrap
+from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, upload, wrap
 
 aten = torch.ops.aten
 
@@ -82,7 +81,7 @@ def _to_copy(func, args, kwargs):
         return aten._to_copy.default(to_cpu(x), **cpu_kwargs).to(device)
     target = _lazy_index(device)
     if target is not None and target != x._lazy.device:
-        return _to_copy(func, (wrap(View(from_cpu(to_cpu(x), target)), x._meta),), kwargs)
+        return _to_copy(func, (upload(to_cpu(x), target, x._meta),), kwargs)
     return record(func, args, kwargs)
 
 
@@ -102,7 +101,7 @@ def _copy_into(self: LazyTensor, src: torch.Tensor) -> LazyTensor:
         assign_node(self, storage.node)
         return self
     if src._lazy.device != self._lazy.device:
-        src = wrap(View(from_cpu(to_cpu(src), self._lazy.device)), src._meta)
+        src = upload(to_cpu(src), self._lazy.device, src._meta)
     if not same_shape:
         src = record(aten.expand.default, (src, tuple(self.shape)), {})
     assign(self, src)

@@ -117,6 +117,11 @@ def from_cpu(t: torch.Tensor, device: int) -> Storage:
     return Storage(data_leaf(buffer, name, tuple(t.shape)), device)
 
 
+def upload(t: torch.Tensor, device: int, meta: Meta | None = None) -> LazyTensor:
+    """A lazy tensor on ``device`` holding the value of CPU tensor ``t`` (nothing recorded)."""
+    return wrap(View(from_cpu(t, device)), meta_of(t) if meta is None else meta)
+
+
 def assign_cpu(t: LazyTensor, value: torch.Tensor) -> None:
     """Give ``t`` (maybe a view) the value of CPU tensor ``value``: a transfer, then an Assign."""
     t._lazy.assign(from_cpu(value, t._lazy.storage.device).node)

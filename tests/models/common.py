@@ -27,13 +27,8 @@ class Run:
 
 
 def to_device(batch: Any, device: str) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
+    """``batch`` on ``device``: the data is made on the CPU, so only lazy needs a transfer."""
+    return batch if device == "cpu" else lazy_torch.to_device(batch, device)
 
 
 def train(
