@@ -1,15 +1,15 @@
-"""Framework-neutral lazy IR: nodes, hashing, live values, the graph cut and text dumps."""
+"""Framework-neutral lazy IR: nodes, hashing, live values, the graph cut, text and dot dumps."""
 
-from lazy_core.dump import ir_text
-from lazy_core.view import NotWritable, View, ViewStep
+from lazy_core.dump import ir_dot, ir_text
 from lazy_core.graph import Graph, cut_graph
 from lazy_core.ir import Node, Operand, constant, data_leaf, getitem, scalar_leaf
 from lazy_core.value import Storage, live_storages, pending_storages
+from lazy_core.view import NotWritable, View, ViewStep
 
 __all__ = [
     "Graph",
-    "NotWritable",
     "Node",
+    "NotWritable",
     "Operand",
     "Storage",
     "View",
@@ -18,6 +18,7 @@ __all__ = [
     "cut_graph",
     "data_leaf",
     "getitem",
+    "ir_dot",
     "ir_text",
     "live_storages",
     "pending_storages",

@@ -12,6 +12,7 @@ Conventions every lowering follows (see lowerings/__init__.py for the full contr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,21 @@ def lowering(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return fn
 
     return register
+
+
+def category(op: str) -> str | None:
+    """The lowering module that registered ``op`` (``"elementwise"``, ...), None when unlowered.
+
+    >>> import lowerings
+    >>> category("aten.add.Tensor"), category("aten.no_such_op.default")
+    ('elementwise', None)
+    """
+    fn = LOWERINGS.get(op)
+    if fn is None:
+        return None
+    while isinstance(fn, functools.partial):  # a partial's own __module__ is "functools"
+        fn = fn.func
+    return fn.__module__.rpartition(".")[2]
 
 
 _PRECISIONS = {

@@ -10,17 +10,18 @@ from runtime.executor import (
     stablehlo_text,
     wait_device_ops,
 )
-from runtime.program import has_lowering, rng_state
+from runtime.program import has_lowering, op_category, rng_state
 
 __all__ = [
     "GraphError",
     "check_errors",
     "config",
-    "has_lowering",
     "device",
     "devices",
     "executable_memory",
+    "has_lowering",
     "metrics",
+    "op_category",
     "rng_state",
     "run_graph",
     "stablehlo_text",

@@ -12,6 +12,7 @@ import numpy as np
 from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, Operand
 from lowerings import LOWERINGS, LoweringContext
 from lowerings.bounds import CHECKED, runtime_checks
+from lowerings.registry import category
 
 # Keyword arguments a front end adds to a node's template for the runtime, not for the lowering.
 _PRECISION = "_precision"
@@ -35,6 +36,12 @@ def rng_key(state: Any, index: int) -> Any:
 def has_lowering(op: str) -> bool:
     """True when graphs containing ``op`` can be compiled."""
     return op in LOWERINGS
+
+
+def op_category(op: str) -> str | None:
+    """The lowering module of ``op`` (e.g. ``"reduction"``), for coloring dumps; None for leaves
+    and unlowered ops."""
+    return category(op)
 
 
 def rng_state(seed: int) -> np.ndarray:
