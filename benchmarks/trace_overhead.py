@@ -106,6 +106,14 @@ def main() -> None:
         f"  same run: Python-subclass floor {floor:.2f} us/op (lazy = {per_op / floor:.2f}x), "
         f"eager CPU 128x128 {eager:.2f} us/op (lazy = {per_op / eager:.2f}x)"
     )
+    previous = lazy_torch.debug.record_sites(True)  # what LAZY_DEBUG / LAZY_DUMP_DIR switch on
+    sited = [elementwise_chain(args.chain) for _ in range(args.repeats)]
+    lazy_torch.debug.record_sites(previous)
+    sited_per_op = statistics.median(t / n for t, n in sited) * 1e6
+    print(
+        f"  with user call sites recorded per node: {sited_per_op:.2f} us/op "
+        f"(+{sited_per_op - per_op:.2f} us; off unless debugging)"
+    )
 
     torch.manual_seed(0)
     model = nn.Sequential(

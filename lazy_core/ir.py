@@ -14,11 +14,27 @@ LEAF_OPS = frozenset((DATA, SCALAR, CONSTANT))
 PARAM_OPS = frozenset((DATA, SCALAR))
 
 
+# The user call site that new nodes are attributed to; a front end sets it while it debugs.
+_site: str | None = None
+
+
+def attribute_to(site: str | None) -> str | None:
+    """Attribute nodes created from now on to ``site``; returns the previous site."""
+    global _site
+    previous, _site = _site, site
+    return previous
+
+
+def current_site() -> str | None:
+    return _site
+
+
 class Node:
     """One IR operation. ``dtype``/``shape`` are tuples of per-output entries for multi-output ops.
 
     ``payload`` carries a leaf's value (device buffer or Python number) and never enters the hash.
-    ``site`` is the user call site that created the node, when debugging records it.
+    ``site`` is the user call site that created the node, when a front end records sites
+    (``attribute_to``); None otherwise.
     """
 
     __slots__ = ("__weakref__", "arg", "dtype", "hash", "op", "payload", "shape", "site", "src")
@@ -38,7 +54,7 @@ class Node:
         self.dtype = dtype
         self.shape = shape
         self.payload = payload
-        self.site = None
+        self.site = _site
         self.hash = hash((op, arg, dtype, shape, tuple([s.hash for s in src])))
 
     @property

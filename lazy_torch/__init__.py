@@ -29,6 +29,13 @@ def device_count() -> int:
     return len(runtime.devices())
 
 
+def set_cache_dir(path: str | None) -> None:
+    """Keep compiled executables in ``path``, so a later process running the same program skips
+    XLA compilation (counted as ``persistent_cache_hits``); ``LAZY_CACHE_DIR=path`` does the same
+    from the environment, and None turns it off."""
+    runtime.set_cache_dir(path)
+
+
 def wait_device_ops() -> None:
     """Block until every dispatched graph has finished running."""
     runtime.wait_device_ops()
@@ -44,6 +51,7 @@ __all__ = [
     "manual_seed",
     "mark_step",
     "metrics",
+    "set_cache_dir",
     "to_device",
     "wait_device_ops",
 ]

@@ -15,10 +15,10 @@ import torch
 from torch._decomp import decomposition_table
 
 import runtime
-
 from lazy_core import Node, NotWritable, View, constant, getitem, scalar_leaf
 from lazy_core.ir import operand
 from lazy_torch import fallback as _fallback
+from lazy_torch import sites as _sites
 from lazy_torch._dtypes import dtype_name
 from lazy_torch.tensor import LazyTensor, fresh, meta_of, wrap
 from lazy_torch.views import STORAGE_RELATIVE, VIEWS
@@ -67,6 +67,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     handler = _handlers.get(id(func))
     if handler is None:
         handler = _handlers[id(func)] = _resolve(func)
+    if _sites.recording:
+        return _sites.call_attributed(handler, func, args, kwargs)
     return handler(func, args, kwargs)
 
 

@@ -1,5 +1,6 @@
-"""Public metrics: counters (names in DESIGN.md), timings and fallback call sites."""
+"""Public metrics: counters (names in DESIGN.md), timings and sizes with percentiles, and the user
+call sites of fallbacks and syncs."""
 
-from runtime.metrics import counters, report, reset
+from runtime.metrics import counters, report, reset, sites, sizes, timings
 
-__all__ = ["counters", "report", "reset"]
+__all__ = ["counters", "report", "reset", "sites", "sizes", "timings"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from lazy_torch import rng
+from lazy_torch import rng, sites
 from lazy_torch.dispatch import assign, assign_node, become, dispatch, record, special
 from lazy_torch.dispatch import recorded as _recorded_or_fallback
 from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, upload, wrap
@@ -44,6 +44,8 @@ _lib.impl("empty_strided", _empty_strided, "Lazy")
 
 def _factory(func):
     def kernel(*args, **kwargs):
+        if sites.recording:
+            return sites.call_attributed(record, func, args, kwargs)
         return record(func, args, kwargs)
 
     return kernel

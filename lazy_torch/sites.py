@@ -7,6 +7,9 @@ import sys
 
 import torch
 
+import runtime
+from lazy_core.ir import attribute_to, current_site
+
 _PACKAGES = ("lazy_torch", "lazy_core", "runtime", "lowerings")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OWN_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,) + tuple(
@@ -23,3 +26,27 @@ def user_site() -> str:
             return f"{path}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
+
+
+# Whether IR nodes remember the user call site that created them (LAZY_DEBUG, LAZY_DUMP_DIR and
+# ``lazy_torch.debug.explain`` turn it on; it costs a frame walk per op).
+recording: bool = runtime.config.DEBUG or bool(runtime.config.DUMP_DIR)
+
+
+def record_sites(on: bool) -> bool:
+    """Make new IR nodes remember their user call site (or stop); returns the previous setting."""
+    global recording
+    previous, recording = recording, on
+    return previous
+
+
+def call_attributed(handler, func, args, kwargs):
+    """Run an op's handler with every node it creates attributed to the user's call site; ops
+    it dispatches in turn (decompositions, autograd) keep the outermost op's site."""
+    if current_site() is not None:
+        return handler(func, args, kwargs)
+    attribute_to(user_site())
+    try:
+        return handler(func, args, kwargs)
+    finally:
+        attribute_to(None)

@@ -29,33 +29,41 @@ def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
     return tuple(donate)
 
 
+_step = {"end": None, "synced": 0.0}  # when the last mark_step returned; sync time since
+
+
 def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
     """Compute the pending values of ``storages``; afterwards each holds a device buffer.
 
     ``donate`` (full barriers only, where every pending value is an output) lets the graph reuse
     the buffers it overwrites. If compiling fails, every storage keeps its pending value.
     """
+    start = time.perf_counter()
+    try:
+        _sync(storages, cause, donate)
+    finally:
+        _step["synced"] += time.perf_counter() - start
+
+
+def _sync(storages: Iterable[Storage], cause: str, donate: bool) -> None:
     # An out-of-range index in an earlier, asynchronous step surfaces at the next barrier.
     runtime.check_errors(wait=cause != "mark_step")
     by_device: dict[int, list[Storage]] = {}
     for s in storages:
         if s.pending:
             by_device.setdefault(s.device, []).append(s)
-    if by_device:
-        runtime.metrics.count(f"syncs::{cause}")
-        if cause != "mark_step":  # a sync inside a step: where the user's code asked for it
-            runtime.metrics.site(f"syncs::{cause}", user_site())
-    held = (
-        {id(s.node.payload) for s in live_storages() if not s.pending}
-        if donate and by_device
-        else set()
-    )
+    if not by_device:
+        return
+    site = user_site()
+    runtime.metrics.count(f"syncs::{cause}")
+    runtime.metrics.site(f"syncs::{cause}", site)
+    held = {id(s.node.payload) for s in live_storages() if not s.pending} if donate else set()
     for device, group in by_device.items():
         roots = [s.node for s in group]
         graph = cut_graph(roots, salt=("device", device))
         donated = _donatable(graph, held) if donate else ()
         outputs = runtime.run_graph(
-            graph, device, donate=donated, cause=cause, defer_checks=cause == "mark_step"
+            graph, device, donated, cause, defer_checks=cause == "mark_step", site=site
         )
         buffers = {id(r): b for r, b in zip(graph.roots, outputs)}
         for s, root in zip(group, roots):
@@ -65,6 +73,9 @@ def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
 def mark_step(wait: bool = False) -> None:
     """Cut the pending graph of every live lazy tensor and dispatch it; returns without waiting.
 
+    Metrics: ``trace_time`` is the host time since the previous mark_step outside barriers
+    (tracing, and whatever else the loop did), ``step_time`` the whole time between the two.
+
     >>> import torch, lazy_torch
     >>> x = torch.ones(2, device="lazy") * 3
     >>> lazy_torch.mark_step()
@@ -72,9 +83,15 @@ def mark_step(wait: bool = False) -> None:
     [3.0, 3.0]
     """
     start = time.perf_counter()
+    if _step["end"] is not None:
+        runtime.metrics.time("trace_time", start - _step["end"] - _step["synced"])
     runtime.metrics.count("mark_steps")
     _rng.advance()
     sync(pending_storages(), cause="mark_step", donate=runtime.config.DONATE)
     runtime.metrics.time("mark_step_time", time.perf_counter() - start)
     if wait:
         runtime.wait_device_ops()
+    end = time.perf_counter()
+    if _step["end"] is not None:
+        runtime.metrics.time("step_time", end - _step["end"])
+    _step["end"], _step["synced"] = end, 0.0

@@ -7,6 +7,7 @@ from runtime.executor import (
     check_errors,
     executable_memory,
     run_graph,
+    set_cache_dir,
     stablehlo_text,
     wait_device_ops,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "op_category",
     "rng_state",
     "run_graph",
+    "set_cache_dir",
     "stablehlo_text",
     "to_device",
     "to_host",

@@ -13,6 +13,8 @@ def _flag(name: str) -> bool:
 PLATFORM: str = os.environ.get("LAZY_PLATFORM", "").strip().lower()
 # One stderr line per compile and execution, with its cause.
 DEBUG: bool = _flag("LAZY_DEBUG")
+# Directory that receives every newly compiled graph: IR text and StableHLO, named by its hash.
+DUMP_DIR: str = os.environ.get("LAZY_DUMP_DIR", "").strip()
 # Directory of the persistent executable cache; empty turns it off.
 CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
 # Donate the buffers a mark_step overwrites (parameters, optimizer state) to its outputs.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from functools import cache
 from typing import Any
 
@@ -35,11 +36,19 @@ def to_device(array: np.ndarray, index: int, dtype: str | None = None) -> jax.Ar
     """
     if dtype is not None and array.dtype.name != dtype:
         array = array.view(jax.numpy.dtype(dtype))
+    start = time.perf_counter()
+    out = jax.device_put(array, device(index))
     metrics.count("transfers_to_device")
-    return jax.device_put(array, device(index))
+    metrics.time("transfer_to_device_time", time.perf_counter() - start)
+    metrics.size("transfer_to_device_bytes", array.nbytes)
+    return out
 
 
 def to_host(buffer: jax.Array) -> np.ndarray:
-    """Wait for ``buffer`` and copy it to the host."""
+    """Wait for ``buffer`` and copy it to the host (timed with the wait)."""
+    start = time.perf_counter()
+    out = np.asarray(buffer)
     metrics.count("transfers_from_device")
-    return np.asarray(buffer)
+    metrics.time("transfer_from_device_time", time.perf_counter() - start)
+    metrics.size("transfer_from_device_bytes", out.nbytes)
+    return out

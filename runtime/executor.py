@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import queue
 import sys
+import threading
 import time
 from typing import Any
 
 import jax
+import jax.monitoring
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
+from lazy_core.dump import ir_text
 from lazy_core.graph import Graph
 from lazy_core.ir import SCALAR
-from runtime import config, metrics
+from runtime import config, history, metrics
 from runtime.device import device
 from runtime.program import build_function
 
@@ -30,11 +37,38 @@ class Executable:
 
 
 _cache: dict[Any, Executable] = {}
-if config.CACHE_DIR:
-    # XLA executables persist across processes in JAX's compilation cache.
-    jax.config.update("jax_compilation_cache_dir", config.CACHE_DIR)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 _in_flight: list[jax.Array] = []
+
+
+# ----------------------------------------------------------------------------------------------
+# The persistent cache: XLA executables survive the process in JAX's compilation cache, keyed by
+# the StableHLO module, so a second process running the same program skips XLA compilation.
+
+_persistent_hits = [0]
+
+
+def _on_jax_event(name: str, **_: Any) -> None:
+    if name == "/jax/compilation_cache/cache_hits":
+        _persistent_hits[0] += 1
+
+
+jax.monitoring.register_event_listener(_on_jax_event)
+
+
+def set_cache_dir(path: str | os.PathLike | None) -> None:
+    """Keep compiled executables in ``path`` (created if missing) for later processes, however
+    fast they compiled; None turns the persistent cache off."""
+    if path is not None:
+        path = os.fspath(path)
+        os.makedirs(path, exist_ok=True)
+    compilation_cache.reset_cache()  # JAX reads the directory once, at its first compile
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+if config.CACHE_DIR:
+    set_cache_dir(config.CACHE_DIR)
 
 
 def _describe(graph: Graph) -> str:
@@ -51,31 +85,62 @@ def _param_specs(graph: Graph, device_index: int) -> list[jax.ShapeDtypeStruct]:
 
 def lower(graph: Graph, device_index: int, donate: tuple[int, ...] = ()) -> Any:
     """``jax.stages.Lowered`` of the graph (its StableHLO is ``.as_text()``)."""
-    return _lower(graph, device_index, donate)[0]
+    return _lower(graph, graph.plan(), device_index, donate)[0]
 
 
-def _lower(graph: Graph, device_index: int, donate: tuple[int, ...]) -> tuple[Any, list]:
-    fn = build_function(graph.plan(), graph.outputs())
+def _lower(graph: Graph, plan: tuple, device_index: int, donate: tuple[int, ...]) -> tuple:
+    fn = build_function(plan, graph.outputs())
     lowered = jax.jit(fn, donate_argnums=donate).lower(*_param_specs(graph, device_index))
     return lowered, fn.errors
 
 
-def _compile(graph: Graph, device_index: int, donate: tuple[int, ...], cause: str) -> Executable:
+def _compile(
+    graph: Graph, device_index: int, donate: tuple[int, ...], cause: str, site: str
+) -> Executable:
     start = time.perf_counter()
+    plan = graph.plan()
+    lowered = None
     try:
-        lowered, errors = _lower(graph, device_index, donate)
+        lowered, errors = _lower(graph, plan, device_index, donate)
+        lowered_at = time.perf_counter()
+        hits = _persistent_hits[0]
         compiled = lowered.compile()
     except Exception as e:
+        _dump(graph, lowered, f"failed: {type(e).__name__}: {e}", cause, site)
         raise GraphError(f"compiling {_describe(graph)} failed: {type(e).__name__}: {e}") from e
-    elapsed = time.perf_counter() - start
-    metrics.count("compiles")
-    metrics.time("compile_time", elapsed)
-    if config.DEBUG:
-        print(
-            f"[lazy] compile {_describe(graph)} cause={cause} in {elapsed * 1e3:.1f}ms",
-            file=sys.stderr,
-        )
+    end = time.perf_counter()
+    persistent = _persistent_hits[0] > hits
+    metrics.count("persistent_cache_hits" if persistent else "compiles")
+    metrics.time("compile_time", end - start)
+    metrics.time("lowering_time", lowered_at - start)
+    reason = history.record(site, graph, plan, donate)
+    if reason:
+        metrics.count("recompiles")
+    e = metrics.GraphEvent(
+        "compile", cause, site, graph.key, len(graph.nodes), end - start,
+        "persistent" if persistent else "miss", reason,
+    )  # fmt: skip
+    _dump(graph, lowered, e.line(), cause, site)
+    metrics.event(e)
     return Executable(compiled, len(graph.nodes), errors)
+
+
+_dumped = [0]
+
+
+def _dump(graph: Graph, lowered: Any, header: str, cause: str, site: str) -> None:
+    """With LAZY_DUMP_DIR, write a newly compiled graph's IR text and StableHLO, named by its
+    compile order and graph hash."""
+    if not config.DUMP_DIR:
+        return
+    os.makedirs(config.DUMP_DIR, exist_ok=True)
+    _dumped[0] += 1
+    stem = os.path.join(config.DUMP_DIR, f"{_dumped[0]:04d}-{graph.key & 0xFFFFFFFFFFFFFFFF:016x}")
+    with open(stem + ".ir.txt", "w") as f:
+        f.write(f"# {header}\n{ir_text(graph.roots)}\n")
+    if lowered is not None:
+        with open(stem + ".stablehlo.mlir", "w") as f:
+            f.write(lowered.as_text())
 
 
 def _param_values(graph: Graph) -> list[Any]:
@@ -91,40 +156,87 @@ def run_graph(
     donate: tuple[int, ...] = (),
     cause: str = "mark_step",
     defer_checks: bool = False,
+    site: str = "<unknown>",
 ) -> tuple[jax.Array, ...]:
     """Run ``graph`` on device ``device_index``; returns its root buffers.
 
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
-    whose buffers the caller will never read again: XLA may reuse them for outputs.
+    whose buffers the caller will never read again: XLA may reuse them for outputs. ``cause`` and
+    ``site`` (the user's ``file:line``) say what cut the graph, for metrics and LAZY_DEBUG.
 
     A graph with runtime checks waits for them and raises eager's error (an out-of-range index,
-    an integer division by zero) before returning, so the caller keeps every previous value; with ``defer_checks``
-    it returns without waiting and ``check_errors`` raises the error later.
+    an integer division by zero) before returning, so the caller keeps every previous value; with
+    ``defer_checks`` it returns without waiting and ``check_errors`` raises the error later.
     """
     key = (graph.key, donate)
     exe = _cache.get(key)
-    if exe is None:
-        exe = _cache[key] = _compile(graph, device_index, donate, cause)
-    else:
+    hit = exe is not None
+    if hit:
         metrics.count("cache_hits")
+    else:
+        exe = _cache[key] = _compile(graph, device_index, donate, cause, site)
     start = time.perf_counter()
     try:
-        outputs = exe.compiled(*_param_values(graph))
+        *outputs, checks = exe.compiled(*_param_values(graph))
     except Exception as e:
         raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
+    dispatched = time.perf_counter()
     metrics.count("executions")
     if donate:
         metrics.count("donated_buffers", len(donate))
-    metrics.time("dispatch_time", time.perf_counter() - start)
-    if config.DEBUG:
-        print(f"[lazy] execute {_describe(graph)} cause={cause}", file=sys.stderr)
+    metrics.time("dispatch_time", dispatched - start)
+    metrics.size("graph_nodes", len(graph.nodes))
+    _timer.watch(start, checks)
+    if metrics.listening():
+        n = len(graph.nodes)
+        kind = "hit" if hit else "new"
+        metrics.event(
+            metrics.GraphEvent("execute", cause, site, graph.key, n, dispatched - start, kind)
+        )
     _in_flight[:] = [o for o in outputs if isinstance(o, jax.Array)]
     if exe.errors:
-        checks, outputs = outputs[-1], outputs[:-1]
         _unchecked.append((checks, exe.errors))
         if not defer_checks:
             check_errors()
     return tuple(outputs)
+
+
+class _ExecutionTimer:
+    """Times executions on the device: a background thread waits for each one's check rows (an
+    output nobody else holds, so donation never races with the wait) and records the time from
+    its dispatch, or from the end of the previous one, to its end."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        atexit.register(self.stop)
+
+    def watch(self, start: float, rows: jax.Array) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lazy-exec-timer", daemon=True)
+            self._thread.start()
+        self._queue.put((start, rows))
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        last = 0.0
+        while (item := self._queue.get()) is not None:
+            start, rows = item
+            try:
+                rows.block_until_ready()
+            except Exception:  # noqa: BLE001, S112 (a failed execution raises where it is observed)
+                continue
+            end = time.perf_counter()
+            metrics.time("execute_time", end - max(start, last))
+            last = end
+
+
+_timer = _ExecutionTimer()
 
 
 # Runtime checks of dispatched executions nobody has looked at yet: (device rows, error builders).
@@ -182,17 +294,24 @@ def stablehlo_text(graph: Graph, device_index: int) -> str:
 
 
 def drop_cache() -> None:
+    """Forget every compiled executable (and the recompile history) of this process."""
     _cache.clear()
+    history.reset()
 
 
 __all__ = [
     "GraphError",
-    "check_errors",
     "cache_size",
+    "check_errors",
     "drop_cache",
     "executable_memory",
     "lower",
     "run_graph",
+    "set_cache_dir",
     "stablehlo_text",
     "wait_device_ops",
 ]
+
+
+if config.DEBUG:
+    metrics.listen(lambda e: print(e.line(), file=sys.stderr))

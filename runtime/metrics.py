@@ -1,14 +1,22 @@
-"""Counters, timings and fallback call sites of the runtime and the front end."""
+"""Counters, timings, sizes, call sites and graph events of the runtime and the front end.
+
+Everything here is cheap enough to stay on in production: a counter is a dict increment, a timing
+a list append. Graph events (one per compile and per execution) go to listeners: the LAZY_DEBUG
+printer and ``lazy_torch.debug.explain``.
+"""
 
 from __future__ import annotations
 
 import collections
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 _counters: collections.Counter[str] = collections.Counter()
 _timings: dict[str, list[float]] = collections.defaultdict(list)
+_sizes: dict[str, list[int]] = collections.defaultdict(list)
 _sites: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+_recompiles: dict[str, list[str]] = collections.defaultdict(list)
 
 
 def count(name: str, n: int = 1) -> None:
@@ -17,6 +25,11 @@ def count(name: str, n: int = 1) -> None:
 
 def time(name: str, seconds: float) -> None:
     _timings[name].append(seconds)
+
+
+def size(name: str, n: int) -> None:
+    """A non-time distribution (graph sizes in nodes, transfer sizes in bytes)."""
+    _sizes[name].append(n)
 
 
 def site(kind: str, where: str) -> None:
@@ -32,32 +45,134 @@ def timings() -> dict[str, list[float]]:
     return {k: list(v) for k, v in _timings.items()}
 
 
+def sizes() -> dict[str, list[int]]:
+    return {k: list(v) for k, v in _sizes.items()}
+
+
+def sites() -> dict[str, dict[str, int]]:
+    """User call sites (``file:line`` -> times) of every fallback op and sync cause."""
+    return {k: dict(v) for k, v in _sites.items()}
+
+
 def reset() -> None:
     _counters.clear()
     _timings.clear()
+    _sizes.clear()
     _sites.clear()
+    _recompiles.clear()
 
 
-def _percentiles(values: Iterable[float]) -> str:
+# ----------------------------------------------------------------------------------------------
+# Graph events.
+
+
+@dataclass(frozen=True)
+class GraphEvent:
+    """One compile or one execution of a graph.
+
+    ``cause`` is what cut the graph (mark_step, item, print, cpu, fallback, ...); ``site`` the
+    user's ``file:line`` that caused it. A compile's ``seconds`` is its compile time and ``cache``
+    says ``"miss"`` (XLA compiled) or ``"persistent"`` (loaded from LAZY_CACHE_DIR); an execution's
+    ``seconds`` is its host dispatch time and ``cache`` is ``"hit"`` or ``"new"``. ``reason`` says
+    why a site that compiled before compiled again.
+    """
+
+    kind: str
+    cause: str
+    site: str
+    key: int
+    nodes: int
+    seconds: float
+    cache: str
+    reason: str | None = None
+
+    @property
+    def graph(self) -> str:
+        return f"{self.key & 0xFFFFFFFFFFFFFFFF:016x}"
+
+    def line(self) -> str:
+        head = (
+            f"[lazy] {self.kind:7s} graph {self.graph} ({self.nodes} nodes) "
+            f"cause={self.cause} at {self.site}"
+        )
+        if self.kind == "compile":
+            what = "persistent cache hit" if self.cache == "persistent" else "compiled"
+            tail = f"{what} in {self.seconds * 1e3:.1f} ms"
+            if self.reason:
+                tail += f"; recompile: {self.reason}"
+        else:
+            tail = f"{'cache hit' if self.cache == 'hit' else 'new executable'}, dispatched in "
+            tail += f"{self.seconds * 1e3:.2f} ms"
+        return f"{head}: {tail}"
+
+
+_listeners: list[Callable[[GraphEvent], None]] = []
+
+
+def listen(fn: Callable[[GraphEvent], None]) -> Callable[[], None]:
+    """Call ``fn`` with every graph event from now on; returns the function that stops it."""
+    _listeners.append(fn)
+    return lambda: _listeners.remove(fn)
+
+
+def listening() -> bool:
+    return bool(_listeners)
+
+
+def event(e: GraphEvent) -> None:
+    if e.reason:
+        _recompiles[e.site].append(e.reason)
+    for fn in tuple(_listeners):  # a listener may stop itself
+        fn(e)
+
+
+# ----------------------------------------------------------------------------------------------
+# The report.
+
+
+def _pick(v: list, q: float):
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def _distribution(values: Iterable[float], scale: float, unit: str, digits: int) -> str:
     v = sorted(values)
     if not v:
         return "-"
-    p90 = v[min(len(v) - 1, int(0.9 * len(v)))]
+
+    def f(x: float) -> str:
+        return f"{x * scale:.{digits}f}{unit}"
+
     return (
-        f"n={len(v)} total={sum(v) * 1e3:.2f}ms median={statistics.median(v) * 1e3:.3f}ms "
-        f"p90={p90 * 1e3:.3f}ms max={v[-1] * 1e3:.3f}ms"
+        f"n={len(v)} total={f(sum(v))} median={f(statistics.median(v))} "
+        f"p90={f(_pick(v, 0.9))} p99={f(_pick(v, 0.99))} max={f(v[-1])}"
     )
 
 
+def _site_lines(kinds: dict[str, collections.Counter[str]], top: int = 5) -> list[str]:
+    lines = []
+    for kind, where in sorted(kinds.items()):
+        lines.append(f"  {kind}: {sum(where.values())}")
+        lines += [f"    {n:6d}  {w}" for w, n in where.most_common(top)]
+    return lines
+
+
 def report() -> str:
-    """Counters, timings and the call sites of fallbacks and syncs, as text."""
+    """Counters, timing and size percentiles, fallbacks and syncs with their user call sites, and
+    the recompiles of each call site with their last cause, as text."""
     lines = ["Counters:"]
     lines += [f"  {k}: {v}" for k, v in sorted(_counters.items())]
     lines.append("Timings:")
-    lines += [f"  {k}: {_percentiles(v)}" for k, v in sorted(_timings.items())]
-    if _sites:
-        lines.append("Call sites:")
-        for kind, where in sorted(_sites.items()):
-            lines.append(f"  {kind}:")
-            lines += [f"    {n:6d}  {w}" for w, n in where.most_common(5)]
+    lines += [f"  {k}: {_distribution(v, 1e3, 'ms', 3)}" for k, v in sorted(_timings.items())]
+    if _sizes:
+        lines.append("Sizes:")
+        lines += [f"  {k}: {_distribution(v, 1, '', 0)}" for k, v in sorted(_sizes.items())]
+    for title, prefix in (("Fallbacks", "fallback::"), ("Syncs", "syncs::")):
+        kinds = {k: v for k, v in _sites.items() if k.startswith(prefix)}
+        if kinds:
+            lines.append(f"{title} (count, then the top user call sites):")
+            lines += _site_lines(kinds)
+    if _recompiles:
+        lines.append("Recompiles (call site: count, then the last cause):")
+        for where, reasons in sorted(_recompiles.items()):
+            lines += [f"  {where}: {len(reasons)}", f"    {reasons[-1]}"]
     return "\n".join(lines)

@@ -90,9 +90,10 @@ def _checked(op: str, out: Any, shape: tuple, dtype: np.dtype) -> Any:
 def build_function(plan: tuple[tuple, ...], outputs: tuple[int, ...]) -> Callable[..., tuple]:
     """The JAX function computing ``outputs`` of ``plan`` from the graph parameters.
 
-    When the plan has runtime checks (index bounds, integer division by zero), the function
-    returns one more output, an int64 ``(checks, 2)`` array of ``[bad, index]`` rows, and
-    ``run.errors`` (filled when it is traced) says how to build each row's error.
+    The function returns one more output, an int64 ``(checks, 2)`` array of ``[bad, index]``
+    rows of its runtime checks (index bounds, integer division by zero; zero rows when it has
+    none), and ``run.errors`` (filled when it is traced) says how to build each row's error. That
+    output is never donated or handed out, so the runtime can wait on it to time the execution.
     """
     errors: list = []
 
@@ -113,7 +114,8 @@ def build_function(plan: tuple[tuple, ...], outputs: tuple[int, ...]) -> Callabl
             env.append(value)
         errors[:] = [error for _, error in checks]
         result = tuple(env[i] for i in outputs)
-        return result + (jnp.stack([c for c, _ in checks]),) if checks else result
+        rows = jnp.stack([c for c, _ in checks]) if checks else jnp.zeros((0, 2), jnp.int64)
+        return (*result, rows)
 
     run.errors = errors
     return run
