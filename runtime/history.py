@@ -96,7 +96,7 @@ def _node_change(new: Compiled, old_entry: tuple, i: int) -> str:
             changes.append(f"value {arg[1]!r} was {o_arg[1]!r}")
         else:
             changes.append(_arg_change(arg, o_arg))
-    if src != o_src:
+    if op == o_op and src != o_src:
         changes.append(f"operands {_refs(src)} were {_refs(o_src)}")
     head = f"%{i} {name} {_type(dtype, shape)} ({'; '.join(changes)})"
     if new.sites[i]:
