@@ -15,9 +15,12 @@ import torch
 import runtime
 from lazy_torch import amp, data_dependent, debug, meta_kernels, metrics, ops  # noqa: F401
 from lazy_torch.data import DeviceLoader, to_device
+from lazy_torch.foreach import declare_foreach_support
 from lazy_torch.rng import manual_seed
 from lazy_torch.sync import mark_step
 from lazy_torch.tensor import LazyTensor
+
+declare_foreach_support()
 
 
 def device(index: int = 0) -> torch.device:

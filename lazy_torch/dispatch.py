@@ -20,6 +20,7 @@ from lazy_core.ir import operand
 from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
 from lazy_torch._dtypes import dtype_name
+from lazy_torch.foreach import foreach_handler
 from lazy_torch.tensor import LazyTensor, fresh, meta_of, wrap
 from lazy_torch.views import STORAGE_RELATIVE, VIEWS
 
@@ -540,6 +541,10 @@ def _view(build: Callable, storage_relative: bool) -> Handler:
 
 def _resolve(func: Any) -> Handler:
     name = str(func)
+    if name.startswith("aten._foreach_"):
+        handler = foreach_handler(func, dispatch)
+        if handler is not None:
+            return handler
     if func in VIEWS:
         return _view(VIEWS[func], func in STORAGE_RELATIVE)
     if runtime.has_lowering(name):

@@ -1,0 +1,170 @@
+"""``aten._foreach_*`` ops: the per-tensor op, recorded once per list element.
+
+PyTorch's optimizers take their foreach path (one call per op over all parameters, instead of one
+call per parameter and op) on devices and tensor types that declare foreach support; here lazy
+tensors do. Each foreach op resolves once, by schema, to the element op with matching argument
+types (``_foreach_add_.List`` -> ``add_.Tensor``, ``_foreach_lerp.Scalar`` -> ``lerp.Scalar``), and
+its handler calls the backend's own dispatch per element: no trip through the C++ dispatcher and
+no fallback. The graph is the same as the for-loop path's; tracing pays one Python dispatch per
+foreach op instead of one per parameter and op.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _foreach_utils
+
+from lazy_torch.tensor import LazyTensor
+
+aten = torch.ops.aten
+
+
+def _powsum(t: torch.Tensor, ord: Any = 2, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return (t if dtype is None else t.to(dtype)).abs().pow(ord).sum()
+
+
+# Foreach ops whose element op has another name or signature (a Python function gets the foreach
+# op's arguments by name and runs as torch ops on the element).
+_ELEMENT_OPS: dict[str, Callable[..., Any]] = {
+    "powsum.Scalar": _powsum,
+    "norm.Scalar": aten.linalg_vector_norm.default,
+    "maximum.Scalar": aten.clamp_min.default,
+    "minimum.Scalar": aten.clamp_max.default,
+    "maximum.ScalarList": aten.clamp_min.default,
+    "minimum.ScalarList": aten.clamp_max.default,
+}
+
+
+def _is_list(t: Any) -> bool:
+    return isinstance(t, torch._C.ListType)
+
+
+def _kind(t: Any) -> str:
+    """An argument type without list and optional wrappers: "Tensor", "number", "int", ..."""
+    while isinstance(t, (torch._C.ListType, torch._C.OptionalType)):
+        t = t.getElementType()
+    return str(t)
+
+
+def _element_overload(name: str, kinds: list[str]) -> Any:
+    """The overload of ``aten.<name>`` whose leading arguments have ``kinds``, with defaults for
+    the rest; None when there is none."""
+    packet = getattr(aten, name, None)
+    if packet is None:
+        return None
+    for overload in packet.overloads():
+        op = getattr(packet, overload)
+        args = op._schema.arguments
+        if [_kind(a.type) for a in args[: len(kinds)]] == kinds and all(
+            a.has_default_value() for a in args[len(kinds) :]
+        ):
+            return op
+    return None
+
+
+def _roles(arguments: list) -> tuple[list[str], list[str]]:
+    """Per foreach argument: its role, "list" (one entry per element), "values" (a 1-d tensor of
+    per-element scalars) or "same" (one value for every element); and its element type."""
+    roles, kinds = [], []
+    for a in arguments:
+        if _is_list(a.type):
+            roles.append("list")
+        elif a.name == "scalars" and _kind(a.type) == "Tensor":
+            roles.append("values")
+        else:
+            roles.append("same")
+        kinds.append("number" if roles[-1] == "values" else _kind(a.type))
+    return roles, kinds
+
+
+def foreach_handler(func: Any, dispatch: Callable[[Any, tuple, dict], Any]) -> Any:
+    """The handler of ``aten._foreach_<op>[_].<overload>``, or None when no element op fits.
+
+    An in-place foreach op uses the in-place element op, or the functional one and a copy_."""
+    schema = func._schema
+    if any(a.is_out for a in schema.arguments):
+        return None  # out= variants are the functional foreach op and a copy (dispatch's rule)
+    base = schema.name.removeprefix("aten::_foreach_")
+    inplace = base.endswith("_")
+    name = base.removesuffix("_")
+    arguments = schema.arguments
+    roles, kinds = _roles(arguments)
+    element = _ELEMENT_OPS.get(f"{name}.{func._overloadname}") or _element_overload(name, kinds)
+    in_place = _element_overload(name + "_", kinds) if inplace else None
+    op = in_place or element
+    if op is None:
+        return None
+    # Each foreach argument goes to the element argument of the same name, else of the same
+    # position: a keyword where the element op takes it as one (addcdiv's ``value``).
+    if hasattr(op, "_schema"):
+        element_args = op._schema.arguments
+        by_name = {a.name: a for a in element_args}
+        names = []
+        for i, a in enumerate(arguments):
+            target = by_name.get(a.name, element_args[i])
+            names.append(target.name if target.kwarg_only else None)
+        call = functools.partial(dispatch, op)
+    else:
+        names = [None] + [a.name for a in arguments[1:]]
+        call = lambda args, kwargs: op(*args, **kwargs)
+    positions = {a.name: i for i, a in enumerate(arguments)}
+    copy_back = inplace and in_place is None
+
+    def handle(func: Any, args: tuple, kwargs: dict) -> Any:
+        values = [*args] + [_MISSING] * (len(arguments) - len(args))
+        for k, v in kwargs.items():
+            values[positions[k]] = v
+        values = [v.tolist() if r == "values" else v for v, r in zip(values, roles)]
+        n = len(values[roles.index("list")])
+        results = []
+        for e in range(n):
+            e_args, e_kwargs = [], {}
+            for v, role, key in zip(values, roles, names):
+                if v is _MISSING:
+                    continue
+                v = v if role == "same" else v[e]
+                if key is None:
+                    e_args.append(v)
+                else:
+                    e_kwargs[key] = v
+            out = call(tuple(e_args), e_kwargs)
+            if copy_back:
+                dispatch(aten.copy_.default, (e_args[0], out), {})
+            results.append(out)
+        return None if inplace else results
+
+    return handle
+
+
+_MISSING = object()
+
+
+def _with_lazy(devices: Callable[[], list[str]]) -> Callable[[], list[str]]:
+    def supported() -> list[str]:
+        return [*devices(), "lazy"]
+
+    supported.__doc__ = devices.__doc__
+    return supported
+
+
+def declare_foreach_support() -> None:
+    """Make PyTorch's optimizers default to their foreach path on lazy tensors, as on CUDA.
+
+    They check the tensor type against ``_foreach_supported_types`` (the list DTensor registers
+    itself in) and the device type against ``_get_foreach_kernels_supported_devices``, which has
+    no registration hook: each module that imported it gets a version that adds ``lazy``.
+    """
+    optimizer = importlib.import_module("torch.optim.optimizer")
+    swa_utils = importlib.import_module("torch.optim.swa_utils")
+    for types in (_foreach_utils._foreach_supported_types, optimizer._foreach_supported_types):
+        if LazyTensor not in types:
+            types.append(LazyTensor)
+    for module in (_foreach_utils, optimizer, swa_utils):
+        current = module._get_foreach_kernels_supported_devices
+        if "lazy" not in current():
+            module._get_foreach_kernels_supported_devices = _with_lazy(current)

@@ -1,0 +1,152 @@
+"""``aten._foreach_*`` ops on lazy tensors: every overload eager CPU runs gives eager's values with no
+fallback, and PyTorch's optimizers take their foreach path on lazy parameters by default."""
+
+import copy
+
+import pytest
+import torch
+from torch.optim.optimizer import _default_to_fused_or_foreach
+
+import lazy_torch
+
+aten = torch.ops.aten
+SHAPES = [(3,), (2, 2), (4,)]
+
+
+def _overloads():
+    names = torch._C._dispatch_get_all_op_names()
+    for full in sorted(n for n in names if n.startswith("aten::_foreach_")):
+        name, _, overload = full.removeprefix("aten::").partition(".")
+        yield f"{name}.{overload or 'default'}"
+
+
+def _value(arg, lists: dict):
+    """An eager CPU argument for schema argument ``arg``: lists of 3 tensors, scalars, ..."""
+    t = arg.type
+    kind = str(t)
+    if isinstance(t, torch._C.ListType):
+        element = str(t.getElementType())
+        if "Tensor" in element:
+            seed = len(lists)
+            lists[arg.name] = [
+                torch.rand(s, generator=torch.Generator().manual_seed(seed * 10 + i)) + 0.5
+                for i, s in enumerate(SHAPES)
+            ]
+            return lists[arg.name]
+        return [0.5, 2.0, 1.5]
+    if arg.has_default_value():
+        return None
+    if arg.name == "scalars":
+        return torch.tensor([0.5, 2.0, 1.5])
+    if "Tensor" in kind:
+        return torch.tensor(1.5)
+    return 0.75
+
+
+@pytest.mark.parametrize("name", list(_overloads()))
+def test_foreach_op_matches_eager_without_fallback(name):
+    packet_name, overload = name.split(".")
+    op = getattr(getattr(aten, packet_name), overload)
+    if any(a.kwarg_only and not a.has_default_value() for a in op._schema.arguments):
+        pytest.skip("keyword-only arguments without defaults")
+    args = []
+    for a in op._schema.arguments:
+        if a.kwarg_only:
+            break
+        v = _value(a, {})
+        if v is None:
+            break
+        args.append(v)
+    cpu_args = copy.deepcopy(args)
+    try:
+        expected = op(*cpu_args)
+    except (RuntimeError, TypeError) as e:
+        pytest.skip(f"eager CPU rejects these arguments: {e}")
+    lazy_args = [
+        [x.to("lazy") for x in v] if isinstance(v, list) and isinstance(v[0], torch.Tensor) else v
+        for v in args
+    ]
+    # A single Tensor other is a device tensor; per-element scalars stay a CPU tensor.
+    names = [a.name for a in op._schema.arguments]
+    lazy_args = [
+        v.to("lazy") if isinstance(v, torch.Tensor) and names[i] != "scalars" else v
+        for i, v in enumerate(lazy_args)
+    ]
+    got = op(*lazy_args)
+    if expected is None:  # in place: compare the mutated first list
+        got, expected = lazy_args[0], cpu_args[0]
+    for g, e in zip(got, expected):
+        assert isinstance(g, lazy_torch.LazyTensor)
+        assert g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g.cpu(), e, equal_nan=True)
+    fallbacks = [k for k in lazy_torch.metrics.counters() if k.startswith("fallback::")]
+    assert fallbacks == []
+
+
+OPTIMIZERS = [
+    (torch.optim.AdamW, {}),
+    (torch.optim.Adam, {"amsgrad": True}),
+    (torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
+    (torch.optim.RMSprop, {"momentum": 0.5}),
+    (torch.optim.Adagrad, {}),
+    (torch.optim.NAdam, {}),
+    (torch.optim.RAdam, {}),
+    (torch.optim.Adamax, {}),
+    (torch.optim.ASGD, {}),
+    (torch.optim.Adadelta, {}),
+]
+
+
+def test_optimizers_default_to_foreach_on_lazy_parameters():
+    params = list(torch.nn.Linear(2, 2).to("lazy").parameters())
+    assert _default_to_fused_or_foreach(params, differentiable=False) == (False, True)
+    cpu = list(torch.nn.Linear(2, 2).parameters())
+    assert _default_to_fused_or_foreach(cpu, differentiable=False) == (False, False)
+
+
+@pytest.mark.parametrize(
+    ("opt_class", "kwargs"), OPTIMIZERS, ids=lambda o: getattr(o, "__name__", "")
+)
+def test_foreach_optimizer_steps_match_eager(opt_class, kwargs):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    x = torch.randn(5, 6)
+    results = []
+    for device in ("cpu", "lazy"):
+        m = copy.deepcopy(model).to(device)
+        opt = opt_class(m.parameters(), lr=1e-2, **kwargs)  # foreach chosen by PyTorch
+        for _ in range(3):
+            opt.zero_grad()
+            m(x.to(device)).square().mean().backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 0.1)
+            opt.step()
+            if device == "lazy":
+                lazy_torch.mark_step()
+        results.append([p.detach().cpu() for p in m.parameters()])
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    counters = lazy_torch.metrics.counters()
+    assert not [k for k in counters if k.startswith("fallback::")]
+
+
+def test_a_foreach_adamw_step_dispatches_one_op_per_foreach_call():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)]).to("lazy")
+    model(torch.ones(2, 4, device="lazy")).sum().backward()
+    opt = torch.optim.AdamW(model.parameters())
+    with Count() as counter:
+        opt.step()
+    lazy_ops = [op for op in counter.ops if op.startswith("aten._foreach_")]
+    assert lazy_ops  # the foreach path was taken
+    # 10 parameters, yet no per-parameter elementwise op reaches the dispatcher.
+    assert not [op for op in counter.ops if op in ("aten.lerp_.Scalar", "aten.addcdiv_.default")]
