@@ -9,8 +9,20 @@ from typing import Any
 
 from lazy_core.ir import DATA, Node
 
+# Weak references to live storages by id. Dead entries are swept in bulk (when the registry has
+# doubled, and before every walk) instead of by a callback per storage, which would cost a Python
+# call on every tensor's death.
 _live: dict[int, weakref.ref] = {}
 _ids = itertools.count()
+_SWEEP_MIN = 4096
+_sweep_at = _SWEEP_MIN
+
+
+def _sweep() -> None:
+    global _sweep_at
+    for key in [k for k, ref in _live.items() if ref() is None]:
+        del _live[key]
+    _sweep_at = max(_SWEEP_MIN, 2 * len(_live))
 
 
 class Storage:
@@ -29,7 +41,9 @@ class Storage:
         self.device = device
         self.id = next(_ids)
         self.views: dict[tuple, Node] | None = None  # view steps -> Access node of ``node``
-        _live[self.id] = weakref.KeyedRef(self, _forget, self.id)
+        _live[self.id] = weakref.ref(self)
+        if len(_live) >= _sweep_at:
+            _sweep()
 
     def set(self, node: Node) -> None:
         self.node = node
@@ -44,12 +58,9 @@ class Storage:
         return f"Storage#{self.id}({self.node!r})"
 
 
-def _forget(ref: weakref.KeyedRef) -> None:
-    _live.pop(ref.key, None)
-
-
 def live_storages() -> Iterator[Storage]:
     """Live storages in creation order (a deterministic order keeps graph keys stable)."""
+    _sweep()
     for ref in list(_live.values()):
         s = ref()
         if s is not None:

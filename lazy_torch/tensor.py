@@ -32,15 +32,20 @@ class LazyTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, view: View, meta: Meta, requires_grad: bool = False) -> LazyTensor:
         shape, stride, offset, dtype = meta
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            shape,
-            strides=stride,
-            storage_offset=offset,
-            dtype=dtype,
-            device=_DEVICES[view.storage.device],
-            requires_grad=requires_grad,
-        )
+        device = _DEVICES[view.storage.device]
+        # Keyword arguments cost their parsing: the common dense case passes only what it must.
+        if offset or requires_grad or stride != _dense_stride(shape):
+            r = torch.Tensor._make_wrapper_subclass(
+                cls,
+                shape,
+                strides=stride,
+                storage_offset=offset,
+                dtype=dtype,
+                device=device,
+                requires_grad=requires_grad,
+            )
+        else:
+            r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device)
         r._lazy = view
         r._meta = meta
         return r
@@ -87,6 +92,18 @@ class LazyTensor(torch.Tensor):
     def __reduce_ex__(self, protocol):
         # Pickles (torch.save) hold plain CPU tensors, never device-specific objects.
         return to_cpu(self, cause="save").__reduce_ex__(protocol)
+
+
+_dense_strides: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _dense_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride = _dense_strides.get(shape)
+    if stride is None:
+        if len(_dense_strides) > 4096:  # shapes that change every step: keep it bounded
+            _dense_strides.clear()
+        stride = _dense_strides[shape] = contiguous_stride(shape)
+    return stride
 
 
 def contiguous_stride(shape: Iterable[int]) -> tuple[int, ...]:
