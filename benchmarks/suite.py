@@ -10,12 +10,14 @@ moved to the device before timing. After ``--warmup`` steps, ``--steps`` steps a
 the end of their device work (lazy: ``mark_step()`` then ``wait_device_ops()``; cuda:
 ``torch.cuda.synchronize()``; jax: ``block_until_ready``) and the median is reported.
 
-For lazy it also reports: tracing time (host time from the step's start until mark_step is
-called), device time (``metrics.timings()['execute_time']``), aten ops dispatched per step (counted
-once, outside the timed steps), microseconds per traced op, compiles during the timed steps (must
-be 0), executions per step and CPU fallbacks. The overlap figure runs lazy training steps back to
-back (mark_step without waiting, one wait at the end): if tracing step N+1 overlaps the device
-running step N, the step time is max(trace, device) rather than trace + device.
+For lazy it also reports: tracing time (host time from the step's start until mark_step is called),
+device time (``metrics.timings()['execute_time']``), aten ops dispatched per step (counted once,
+outside the timed steps), microseconds per traced op, compiles during the timed steps (must be 0),
+executions per step, CPU fallbacks (over all its steps) and syncs inside the timed steps
+(``.item()`` and the like: each runs part of the step early and waits for it). The overlap figure
+runs lazy training steps back to back (mark_step without waiting, one wait at the end): if tracing
+step N+1 overlaps the device running step N, the step time is max(trace, device) rather than trace +
+device.
 
 ``jax`` (mlp, gpt2) runs the same models written in JAX (``benchmarks/jax_models.py``): jitted,
 donated parameters and optimizer state, float32 matmuls at HIGHEST precision. ``--size gpt2-124m``
@@ -306,26 +308,19 @@ def _overlap(step: Step, steps: int, synced_ms: float) -> dict[str, Any]:
     lazy_torch.wait_device_ops()
     step_ms = _ms((time.perf_counter() - start) / steps)
     del out
-    trace, barrier = _median_ms(traces), _median_ms(barriers)
-    device = _device_ms(steps)
-    counters = lazy_torch.metrics.counters()
-    result = {
+    trace, device = statistics.median(traces) * 1e3, _device_ms(steps) or 0.0
+    return {
         "synced_step_ms": synced_ms,
         "step_ms": step_ms,
-        "trace_ms": trace,
-        "barrier_ms": barrier,
+        "trace_ms": round(trace, 4),
+        "barrier_ms": _median_ms(barriers),
         "device_ms": device,
-        "max_trace_device_ms": None,
-        "trace_plus_device_ms": None,
-        "hidden": None,
-        "compiles": counters.get("compiles", 0),
+        "max_trace_device_ms": round(max(trace, device), 4),
+        "trace_plus_device_ms": round(trace + device, 4),
+        # the share of the shorter phase that ran under the longer one (1: full overlap)
+        "hidden": round((trace + device - step_ms) / max(min(trace, device), 1e-6), 3),
+        "compiles": lazy_torch.metrics.counters().get("compiles", 0),
     }
-    if device is not None:
-        # hidden: the share of the shorter phase that ran under the longer one (1: full overlap).
-        result["max_trace_device_ms"] = round(max(trace, device), 4)
-        result["trace_plus_device_ms"] = round(trace + device, 4)
-        result["hidden"] = round((trace + device - step_ms) / min(trace, device), 3)
-    return result
 
 
 def _run(backend: str, wl: Workload, mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -347,6 +342,7 @@ def _run(backend: str, wl: Workload, mode: str, args: argparse.Namespace) -> dic
     totals, hosts = _timed(step, finish, args.steps)
     result["step_ms"] = _median_ms(totals)
     result["steps_ms"] = [_ms(t) for t in totals]
+    result["load_1m"] = round(os.getloadavg()[0], 2)  # the machines are shared: was it busy?
     if not lazy:
         return result
     timed = lazy_torch.metrics.counters()
@@ -432,7 +428,7 @@ def _cells(columns: list[tuple[str, str, str]], row: dict[str, Any] | None = Non
 
 
 def _table(results: dict[str, Any]) -> str:
-    lines = [f"{'workload':8s} {'mode':5s} {'backend':7s} {_cells(_COLUMNS)}  fallbacks"]
+    lines = [f"{'workload':8s} {'mode':5s} {'backend':7s} {_cells(_COLUMNS)}  fallbacks, syncs"]
     for name, modes in results.items():
         for mode in ("train", "infer"):
             for backend, r in modes.get(mode, {}).items():
@@ -440,9 +436,10 @@ def _table(results: dict[str, Any]) -> str:
                 if "error" in r:
                     lines.append(f"{head} ERROR {r['error']}")
                     continue
-                fallbacks = ", ".join(f"{k} x{v}" for k, v in r.get("fallbacks", {}).items())
-                fallbacks = fallbacks or ("none" if backend == "lazy" else "")
-                lines.append(f"{head} {_cells(_COLUMNS, r)}  {fallbacks}")
+                notes = [f"{k} x{v}" for k, v in r.get("fallbacks", {}).items()]
+                notes += [f"sync {k} x{v}" for k, v in r.get("syncs", {}).items()]
+                notes = ", ".join(notes) or ("none" if backend == "lazy" else "")
+                lines.append(f"{head} {_cells(_COLUMNS, r)}  {notes}")
     overlaps = {n: m["overlap"] for n, m in results.items() if "overlap" in m}
     if overlaps:
         lines += [
