@@ -45,6 +45,23 @@ class Storage:
         if len(_live) >= _sweep_at:
             _sweep()
 
+    # A storage is also the view of itself with no steps, so a tensor that is not a view holds
+    # its storage directly (one object fewer to make and free per traced op).
+    steps: tuple = ()
+    writable = True
+
+    @property
+    def storage(self) -> Storage:
+        return self
+
+    def assign(self, value: Node) -> None:
+        self.set(value)
+
+    def then(self, step: Any) -> Any:
+        from lazy_core.view import View  # view.py builds on this module
+
+        return View(self, (step,))
+
     def set(self, node: Node) -> None:
         self.node = node
         self.views = None

@@ -15,7 +15,7 @@ import torch
 from torch._decomp import decomposition_table
 
 import runtime
-from lazy_core import Node, NotWritable, View, constant, getitem, scalar_leaf
+from lazy_core import Node, NotWritable, constant, getitem, scalar_leaf
 from lazy_core.ir import operand
 from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
@@ -532,7 +532,7 @@ def _view(build: Callable, storage_relative: bool) -> Handler:
         steps = build(args, kwargs, meta if single else list(meta), self._meta)
         parent = self._lazy
         if storage_relative:
-            parent = View(parent.storage)
+            parent = parent.storage
         outs = [wrap(parent.then(step), m) for step, m in zip(steps, [meta] if single else meta)]
         return outs[0] if single else type(meta)(outs)
 

@@ -23,10 +23,11 @@ class LazyTensor(torch.Tensor):
     """A tensor on device ``lazy:N``. Its value is ``_lazy.node``: device data or pending IR.
 
     ``_lazy`` is a View: the storage the tensor shares with its views, and the view steps that
-    lead from the storage's value to this tensor's.
+    lead from the storage's value to this tensor's. A tensor that is not a view holds its Storage,
+    which is the view of itself with no steps.
     """
 
-    _lazy: View
+    _lazy: View | Storage
     _meta: Meta
 
     @staticmethod
@@ -124,7 +125,7 @@ def wrap(view: View, meta: Meta) -> LazyTensor:
 
 def fresh(node: Node, device: int, meta: Meta) -> LazyTensor:
     """A new tensor with its own storage holding ``node``."""
-    return LazyTensor.__new__(LazyTensor, View(Storage(node, device)), meta)
+    return LazyTensor.__new__(LazyTensor, Storage(node, device), meta)
 
 
 def from_cpu(t: torch.Tensor, device: int) -> Storage:
@@ -136,7 +137,7 @@ def from_cpu(t: torch.Tensor, device: int) -> Storage:
 
 def upload(t: torch.Tensor, device: int, meta: Meta | None = None) -> LazyTensor:
     """A lazy tensor on ``device`` holding the value of CPU tensor ``t`` (nothing recorded)."""
-    return wrap(View(from_cpu(t, device)), meta_of(t) if meta is None else meta)
+    return wrap(from_cpu(t, device), meta_of(t) if meta is None else meta)
 
 
 def assign_cpu(t: LazyTensor, value: torch.Tensor) -> None:
