@@ -17,10 +17,9 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from lazy_core.dump import ir_text
 from lazy_core.graph import Graph
-from lazy_core.ir import SCALAR
 from runtime import config, history, metrics
 from runtime.device import device
-from runtime.program import build_function
+from runtime.program import ParamLayout, build_function
 
 
 class GraphError(RuntimeError):
@@ -28,12 +27,13 @@ class GraphError(RuntimeError):
 
 
 class Executable:
-    __slots__ = ("compiled", "errors", "graph_size")
+    __slots__ = ("compiled", "errors", "graph_size", "layout")
 
-    def __init__(self, compiled: Any, graph_size: int, errors: list):
+    def __init__(self, compiled: Any, graph_size: int, errors: list, layout: ParamLayout):
         self.compiled = compiled
         self.graph_size = graph_size
         self.errors = errors  # how to build the error of each runtime-check row (program.py)
+        self.layout = layout  # the arguments of the graph's parameters
 
 
 _cache: dict[Any, Executable] = {}
@@ -75,22 +75,37 @@ def _describe(graph: Graph) -> str:
     return f"graph {graph.key & 0xFFFFFFFFFFFFFFFF:016x} ({len(graph.nodes)} nodes)"
 
 
-def _param_specs(graph: Graph, device_index: int) -> list[jax.ShapeDtypeStruct]:
+def _layout(graph: Graph) -> ParamLayout:
+    return ParamLayout([(p.op, p.dtype) for p in graph.params])
+
+
+def _param_specs(
+    graph: Graph, layout: ParamLayout, device_index: int
+) -> list[jax.ShapeDtypeStruct]:
     sharding = jax.sharding.SingleDeviceSharding(device(device_index))
-    return [
-        jax.ShapeDtypeStruct(p.shape, jax.numpy.dtype(p.dtype), sharding=sharding)
-        for p in graph.params
+    params = graph.params
+    specs = [
+        jax.ShapeDtypeStruct(params[i].shape, jax.numpy.dtype(params[i].dtype), sharding=sharding)
+        for i in layout.data
     ]
+    specs += [
+        jax.ShapeDtypeStruct((len(members),), jax.numpy.dtype(dtype), sharding=sharding)
+        for dtype, members in layout.groups
+    ]
+    return specs
 
 
 def lower(graph: Graph, device_index: int, donate: tuple[int, ...] = ()) -> Any:
     """``jax.stages.Lowered`` of the graph (its StableHLO is ``.as_text()``)."""
-    return _lower(graph, graph.plan(), device_index, donate)[0]
+    return _lower(graph, graph.plan(), _layout(graph), device_index, donate)[0]
 
 
-def _lower(graph: Graph, plan: tuple, device_index: int, donate: tuple[int, ...]) -> tuple:
-    fn = build_function(plan, graph.outputs())
-    lowered = jax.jit(fn, donate_argnums=donate).lower(*_param_specs(graph, device_index))
+def _lower(
+    graph: Graph, plan: tuple, layout: ParamLayout, device_index: int, donate: tuple[int, ...]
+) -> tuple:
+    fn = build_function(plan, graph.outputs(), layout)
+    jitted = jax.jit(fn, donate_argnums=layout.arguments(donate))
+    lowered = jitted.lower(*_param_specs(graph, layout, device_index))
     return lowered, fn.errors
 
 
@@ -99,9 +114,10 @@ def _compile(
 ) -> Executable:
     start = time.perf_counter()
     plan = graph.plan()
+    layout = _layout(graph)
     lowered = None
     try:
-        lowered, errors = _lower(graph, plan, device_index, donate)
+        lowered, errors = _lower(graph, plan, layout, device_index, donate)
         lowered_at = time.perf_counter()
         hits = _persistent_hits[0]
         compiled = lowered.compile()
@@ -122,7 +138,7 @@ def _compile(
     )  # fmt: skip
     _dump(graph, lowered, e.line(), cause, site)
     metrics.event(e)
-    return Executable(compiled, len(graph.nodes), errors)
+    return Executable(compiled, len(graph.nodes), errors, layout)
 
 
 _dumped = [0]
@@ -143,11 +159,14 @@ def _dump(graph: Graph, lowered: Any, header: str, cause: str, site: str) -> Non
             f.write(lowered.as_text())
 
 
-def _param_values(graph: Graph) -> list[Any]:
-    return [
-        np.asarray(p.payload, dtype=jax.numpy.dtype(p.dtype)) if p.op == SCALAR else p.payload
-        for p in graph.params
+def _param_values(graph: Graph, layout: ParamLayout) -> list[Any]:
+    params = graph.params
+    values = [params[i].payload for i in layout.data]
+    values += [
+        np.array([params[i].payload for i in members], dtype=jax.numpy.dtype(dtype))
+        for dtype, members in layout.groups
     ]
+    return values
 
 
 def run_graph(
@@ -177,7 +196,7 @@ def run_graph(
         exe = _cache[key] = _compile(graph, device_index, donate, cause, site)
     start = time.perf_counter()
     try:
-        *outputs, checks = exe.compiled(*_param_values(graph))
+        *outputs, checks = exe.compiled(*_param_values(graph, exe.layout))
     except Exception as e:
         raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
     dispatched = time.perf_counter()

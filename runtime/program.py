@@ -87,8 +87,41 @@ def _checked(op: str, out: Any, shape: tuple, dtype: np.dtype) -> Any:
     return out if out.dtype == dtype else out.astype(dtype)
 
 
-def build_function(plan: tuple[tuple, ...], outputs: tuple[int, ...]) -> Callable[..., tuple]:
-    """The JAX function computing ``outputs`` of ``plan`` from the graph parameters.
+class ParamLayout:
+    """How a graph's parameters reach its function: a device buffer is one argument; Python
+    numbers are packed into one 1-d array per dtype, so an optimizer step's hundreds of scalars
+    (learning rate, per-parameter bias corrections) cost one host-to-device copy per dtype.
+
+    ``slots[i]`` is ``(argument, None)`` for buffer parameter ``i`` and ``(argument, element)``
+    for a scalar; ``data`` lists the buffer parameters in argument order and ``groups`` the
+    ``(dtype, parameter indices)`` of each packed argument after them.
+    """
+
+    __slots__ = ("data", "groups", "slots")
+
+    def __init__(self, params: Sequence[tuple[str, Any]]):
+        self.data = tuple(i for i, (op, _) in enumerate(params) if op != SCALAR)
+        groups: dict[Any, list[int]] = {}
+        for i, (op, dtype) in enumerate(params):
+            if op == SCALAR:
+                groups.setdefault(dtype, []).append(i)
+        self.groups = tuple((dtype, tuple(members)) for dtype, members in groups.items())
+        self.slots: dict[int, tuple[int, int | None]] = {
+            i: (a, None) for a, i in enumerate(self.data)
+        }
+        for g, (_, members) in enumerate(self.groups):
+            for k, i in enumerate(members):
+                self.slots[i] = (len(self.data) + g, k)
+
+    def arguments(self, donate: tuple[int, ...]) -> tuple[int, ...]:
+        """The argument positions of donated buffer parameters."""
+        return tuple(self.slots[i][0] for i in donate)
+
+
+def build_function(
+    plan: tuple[tuple, ...], outputs: tuple[int, ...], layout: ParamLayout
+) -> Callable[..., tuple]:
+    """The JAX function computing ``outputs`` of ``plan`` from the arguments ``layout`` makes.
 
     The function returns one more output, an int64 ``(checks, 2)`` array of ``[bad, index]``
     rows of its runtime checks (index bounds, integer division by zero; zero rows when it has
@@ -97,13 +130,19 @@ def build_function(plan: tuple[tuple, ...], outputs: tuple[int, ...]) -> Callabl
     """
     errors: list = []
 
-    def run(*params: Any) -> tuple:
-        scalars = tuple(params[a] for op, a, *_ in plan if op == SCALAR)
+    slots = layout.slots
+
+    def run(*args: Any) -> tuple:
+        # One traced value per scalar, reused everywhere: lowerings tell Python numbers by identity.
+        numbers = {a: args[slots[a][0]][slots[a][1]] for op, a, *_ in plan if op == SCALAR}
+        scalars = tuple(numbers.values())
         checks: list = []
         env: list[Any] = []
         for op, arg, dtype, shape, src in plan:
-            if op == DATA or op == SCALAR:
-                value = params[arg]
+            if op == DATA:
+                value = args[slots[arg][0]]
+            elif op == SCALAR:
+                value = numbers[arg]
             elif op == CONSTANT:
                 wrapped, number = arg
                 value = number if wrapped else jnp.asarray(number, dtype=dtype)
