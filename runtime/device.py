@@ -37,7 +37,10 @@ def to_device(array: np.ndarray, index: int, dtype: str | None = None) -> jax.Ar
     if dtype is not None and array.dtype.name != dtype:
         array = array.view(jax.numpy.dtype(dtype))
     start = time.perf_counter()
-    out = jax.device_put(array, device(index))
+    # The host array usually shares a framework tensor's memory, which the caller may overwrite
+    # as soon as this returns (a reused batch buffer). JAX may alias such an array on the CPU
+    # platform (even with may_alias=False) or read it after returning, so it gets its own copy.
+    out = jax.device_put(np.array(array, copy=True), device(index))
     metrics.count("transfers_to_device")
     metrics.time("transfer_to_device_time", time.perf_counter() - start)
     metrics.size("transfer_to_device_bytes", array.nbytes)

@@ -203,3 +203,14 @@ def test_matmul_of_mixed_dtypes_gives_eagers_error():
         with pytest.raises(RuntimeError) as lazy:
             fn(a.to("lazy"), b.to("lazy"))
         assert str(lazy.value) == str(eager.value)
+
+
+def test_a_transfer_copies_so_later_writes_to_the_cpu_source_do_not_leak():
+    cpu = torch.arange(4.0)
+    moved = cpu.to("lazy")
+    batch = torch.zeros(1000)
+    moved_batch = batch.to("lazy")
+    cpu.add_(10)  # a reused host buffer, as a data loader's
+    batch.fill_(5)
+    assert moved.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert moved_batch.sum().item() == 0.0
