@@ -25,6 +25,8 @@ from lazy_torch.tensor import LazyTensor, fresh, meta_of, wrap
 from lazy_torch.views import STORAGE_RELATIVE, VIEWS
 
 Handler = Callable[[Any, tuple, dict], Any]
+# The IR op of a foreach call recorded whole: arguments (element op, per-element templates).
+FOREACH = "foreach"
 
 # Keyed by id(func): OpOverloads live for the whole process, and their __hash__ is Python code.
 _handlers: dict[int, Handler] = {}
@@ -344,6 +346,43 @@ def record(
         kwargs_t += extra(ops)
     device = ops.device if ops.device is not None else _device_of(kwargs)
     return _wrap_outputs(name or plan.name, tuple(ops.srcs), (args_t, kwargs_t), meta, device)
+
+
+def record_elements(func: Any, calls: list[tuple[tuple, dict]], targets: list | None) -> Any:
+    """Record ``func`` on each ``(args, kwargs)`` of ``calls`` as one node (a foreach op); with
+    ``targets``, each result becomes the value of its target (in place). Returns the outputs, or
+    None when an element does not fit: a result that is not one floating-point tensor (integer
+    division has runtime checks), or one whose shape or dtype differs from its target's.
+    """
+    plan = _plan(func)
+    if plan.matmul:
+        return None
+    ops = _Operands()
+    templates, metas = [], []
+    for i, (args, kwargs) in enumerate(calls):
+        start = len(ops.keys)
+        args_t, kwargs_t = _template(plan, args, kwargs, ops)
+        meta = infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys[start:])))
+        if not _is_single(meta) or not meta[3].is_floating_point:
+            return None
+        if targets is not None:
+            target = targets[i]
+            if type(target) is not LazyTensor or (meta[0], meta[3]) != target._meta[::3]:
+                return None
+        templates.append((args_t, kwargs_t))
+        metas.append(meta)
+    node = Node(
+        FOREACH,
+        tuple(ops.srcs),
+        ((plan.name, tuple(templates)), ()),
+        tuple(dtype_name(m[3]) for m in metas),
+        tuple(m[0] for m in metas),
+    )
+    if targets is not None:
+        for i, target in enumerate(targets):
+            assign_node(target, getitem(node, i))
+        return targets
+    return [fresh(getitem(node, i), ops.device, m) for i, m in enumerate(metas)]
 
 
 def _wrap_outputs(op: str, srcs: tuple, arg: Any, meta: Any, device: int) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _foreach_utils
 
+import runtime
 from lazy_torch.tensor import LazyTensor
 
 aten = torch.ops.aten
@@ -114,15 +115,16 @@ def foreach_handler(func: Any, dispatch: Callable[[Any, tuple, dict], Any]) -> A
         call = lambda args, kwargs: op(*args, **kwargs)
     positions = {a.name: i for i, a in enumerate(arguments)}
     copy_back = inplace and in_place is None
+    # One node for the whole list when the functional element op has a lowering.
+    fusable = hasattr(element, "_schema") and runtime.has_lowering(str(element))
 
     def handle(func: Any, args: tuple, kwargs: dict) -> Any:
         values = [*args] + [_MISSING] * (len(arguments) - len(args))
         for k, v in kwargs.items():
             values[positions[k]] = v
         values = [v.tolist() if r == "values" else v for v, r in zip(values, roles)]
-        n = len(values[roles.index("list")])
-        results = []
-        for e in range(n):
+        calls = []
+        for e in range(len(values[roles.index("list")])):
             e_args, e_kwargs = [], {}
             for v, role, key in zip(values, roles, names):
                 if v is _MISSING:
@@ -132,7 +134,17 @@ def foreach_handler(func: Any, dispatch: Callable[[Any, tuple, dict], Any]) -> A
                     e_args.append(v)
                 else:
                     e_kwargs[key] = v
-            out = call(tuple(e_args), e_kwargs)
+            calls.append((tuple(e_args), e_kwargs))
+        if fusable and calls:
+            from lazy_torch.dispatch import record_elements  # dispatch imports this module
+
+            targets = [a[0] for a, _ in calls] if inplace else None
+            out = record_elements(element, calls, targets)
+            if out is not None:
+                return None if inplace else out
+        results = []
+        for e_args, e_kwargs in calls:
+            out = call(e_args, e_kwargs)
             if copy_back:
                 dispatch(aten.copy_.default, (e_args[0], out), {})
             results.append(out)

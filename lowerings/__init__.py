@@ -14,6 +14,7 @@ from lowerings import (  # noqa: E402, F401
     decompositions,
     elementwise,
     fft,
+    foreach,
     linalg,
     linalg_solvers,
     losses,

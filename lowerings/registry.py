@@ -82,6 +82,13 @@ class LoweringContext:
         self.rng_key = rng_key
         self._scalar_ids = {id(s) for s in scalars}
 
+    def output(self, i: int) -> LoweringContext:
+        """The context of output ``i`` alone, for a node that lowers several ops (foreach)."""
+        sub = LoweringContext.__new__(LoweringContext)
+        sub.shapes, sub.dtypes = (self.shapes[i],), (self.dtypes[i],)
+        sub.precision, sub.rng_key, sub._scalar_ids = self.precision, self.rng_key, self._scalar_ids
+        return sub
+
     @property
     def shape(self) -> tuple[int, ...]:
         return self.shapes[0]

@@ -150,3 +150,34 @@ def test_a_foreach_adamw_step_dispatches_one_op_per_foreach_call():
     assert lazy_ops  # the foreach path was taken
     # 10 parameters, yet no per-parameter elementwise op reaches the dispatcher.
     assert not [op for op in counter.ops if op in ("aten.lerp_.Scalar", "aten.addcdiv_.default")]
+
+
+def test_an_optimizer_step_records_one_node_per_foreach_call():
+    import collections
+
+    from lazy_core import cut_graph, pending_storages
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)]).to("lazy")
+    model(torch.ones(2, 4, device="lazy")).sum().backward()
+    lazy_torch.mark_step()
+    torch.optim.AdamW(model.parameters()).step()
+    ops = collections.Counter(n.op for n in cut_graph([s.node for s in pending_storages()]).nodes)
+    assert ops["foreach"] >= 5
+    assert not [op for op in ops if op.startswith(("aten.lerp", "aten.addcdiv", "aten.mul"))]
+    assert ops["getitem"] == 10 * ops["foreach"]  # one output per parameter
+
+
+def test_integer_and_mixed_dtype_lists_take_the_per_element_path():
+    ints = [torch.arange(3), torch.arange(4) * 2]
+    floats = [torch.rand(3), torch.rand(4)]
+    lazy_ints = [t.to("lazy") for t in ints]
+    lazy_floats = [t.to("lazy") for t in floats]
+    torch._foreach_add_(lazy_ints, 3)
+    torch._foreach_add_(ints, 3)
+    got = torch._foreach_mul(lazy_floats, lazy_ints)  # float results from mixed operands
+    expected = torch._foreach_mul(floats, ints)
+    for g, e in zip([*lazy_ints, *got], [*ints, *expected]):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g.cpu(), e)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch._foreach_mul_([t.to("lazy") for t in ints], 0.5)  # eager refuses int *= float
