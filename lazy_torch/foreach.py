@@ -1,12 +1,13 @@
-"""``aten._foreach_*`` ops: the per-tensor op, recorded once per list element.
+"""``aten._foreach_*`` ops: the per-tensor op over every list element, recorded as one node.
 
 PyTorch's optimizers take their foreach path (one call per op over all parameters, instead of one
 call per parameter and op) on devices and tensor types that declare foreach support; here lazy
 tensors do. Each foreach op resolves once, by schema, to the element op with matching argument
-types (``_foreach_add_.List`` -> ``add_.Tensor``, ``_foreach_lerp.Scalar`` -> ``lerp.Scalar``), and
-its handler calls the backend's own dispatch per element: no trip through the C++ dispatcher and
-no fallback. The graph is the same as the for-loop path's; tracing pays one Python dispatch per
-foreach op instead of one per parameter and op.
+types (``_foreach_add_.List`` -> ``add.Tensor``, ``_foreach_lerp.Scalar`` -> ``lerp.Scalar``).
+When that op has a lowering and every result is a floating-point tensor (of its target's shape and
+dtype, in place), the whole call is one ``foreach`` node (``dispatch.record_elements``); otherwise
+the handler dispatches the element op per element (integer lists, ops decomposed or run by a
+Python function). Either way nothing goes through the C++ dispatcher per element or falls back.
 """
 
 from __future__ import annotations
