@@ -130,7 +130,7 @@ class _Operands:
     def tensor(self, t: torch.Tensor) -> Any:
         if isinstance(t, LazyTensor):
             view = t._lazy
-            device = view.storage.device
+            device = view.device  # a slot on a Storage, the common case
             if self.device is None:
                 self.device = device
             elif device != self.device:

@@ -33,7 +33,7 @@ class LazyTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, view: View, meta: Meta, requires_grad: bool = False) -> LazyTensor:
         shape, stride, offset, dtype = meta
-        device = _DEVICES[view.storage.device]
+        device = _DEVICES[view.device]
         # Keyword arguments cost their parsing: the common dense case passes only what it must.
         if offset or requires_grad or stride != _dense_stride(shape):
             r = torch.Tensor._make_wrapper_subclass(
