@@ -46,11 +46,11 @@ import jax
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import lazy_torch
 import runtime
 from benchmarks import jax_models
+from benchmarks.trace_overhead import CountOps
 
 Batch = tuple[torch.Tensor, ...]
 
@@ -233,18 +233,6 @@ BACKENDS["jax"] = _jax_backend
 # Measuring.
 
 
-class _CountOps(TorchDispatchMode):
-    """Counts the aten ops a step dispatches (outside the timed steps only)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _ms(seconds: float) -> float:
     return round(seconds * 1e3, 4)
 
@@ -333,7 +321,7 @@ def _run(backend: str, wl: Workload, mode: str, args: argparse.Namespace) -> dic
         finish(step())
     result: dict[str, Any] = {"warmup_s": round(time.perf_counter() - start, 3)}
     if lazy:
-        with _CountOps() as counter:
+        with CountOps() as counter:
             out = step()
         finish(out)
         del out

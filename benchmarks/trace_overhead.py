@@ -19,7 +19,7 @@ import lazy_torch
 from lazy_core import cut_graph, pending_storages
 
 
-class _CountOps(TorchDispatchMode):
+class CountOps(TorchDispatchMode):
     """Counts the aten ops a program dispatches (used outside the timed region only)."""
 
     def __init__(self) -> None:
@@ -32,7 +32,7 @@ class _CountOps(TorchDispatchMode):
 
 
 def _dispatched_ops(step) -> int:
-    with _CountOps() as counter:
+    with CountOps() as counter:
         step()
     lazy_torch.mark_step(wait=True)
     return counter.count

@@ -14,14 +14,15 @@ def _numbered(roots: Sequence[Node]) -> tuple[tuple[Node, ...], dict[int, int], 
     return graph.nodes, {id(n): i for i, n in enumerate(graph.nodes)}, graph.roots
 
 
-def _type(node: Node) -> str:
-    if isinstance(node.dtype, tuple):
-        return "(" + ", ".join(_type1(d, s) for d, s in zip(node.dtype, node.shape)) + ")"
-    return _type1(node.dtype, node.shape)
-
-
-def _type1(dtype: str, shape: tuple) -> str:
+def type_text(dtype: object, shape: tuple) -> str:
+    """``float32[2,3]``; a multi-output node's per-output tuples as ``(float32[2], int64[])``."""
+    if isinstance(dtype, tuple):
+        return "(" + ", ".join(type_text(d, s) for d, s in zip(dtype, shape)) + ")"
     return f"{dtype}[{','.join(map(str, shape))}]"
+
+
+def _type(node: Node) -> str:
+    return type_text(node.dtype, node.shape)
 
 
 def _leaf_value(node: Node) -> str:
@@ -80,8 +81,9 @@ def ir_text(roots: Sequence[Node]) -> str:
     return "\n".join(lines)
 
 
-# Leaves are categories of their own, whatever the caller's ``category`` says.
-_LEAF_CATEGORY = {DATA: "input", SCALAR: "scalar", CONSTANT: "constant"}
+# What each kind of leaf is called in dumps and messages; in dot dumps leaves are categories of
+# their own, whatever the caller's ``category`` says.
+LEAF_KINDS = {DATA: "input", SCALAR: "scalar", CONSTANT: "constant"}
 _SHAPE = {"input": "ellipse", "scalar": "diamond", "constant": "octagon"}  # default: "box"
 
 # Fill colour per category: the lowering modules, then the leaves. Anything else is _OTHER.
@@ -156,7 +158,7 @@ def ir_dot(roots: Sequence[Node], category: Callable[[str], str | None] | None =
     cats: list[str] = []  # per post-order position
     for i, n in enumerate(nodes):
         if n.op in LEAF_OPS:
-            cat = _LEAF_CATEGORY[n.op]
+            cat = LEAF_KINDS[n.op]
         elif n.op == GETITEM:
             cat = cats[ids[id(n.src[0])]]
         else:

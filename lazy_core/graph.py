@@ -44,6 +44,11 @@ class Graph:
         return tuple(position[id(r)] for r in self.roots)
 
 
+def key_text(key: int) -> str:
+    """A graph key as the 16 hex digits that dumps and messages show."""
+    return f"{key & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
 def _param_identity(node: Node) -> int:
     # Two leaves wrapping one device buffer are one parameter.
     return id(node.payload) if node.op == DATA else id(node)

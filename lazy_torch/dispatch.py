@@ -371,26 +371,26 @@ def record_elements(func: Any, calls: list[tuple[tuple, dict]], targets: list | 
                 return None
         templates.append((args_t, kwargs_t))
         metas.append(meta)
-    node = Node(
-        FOREACH,
-        tuple(ops.srcs),
-        ((plan.name, tuple(templates)), ()),
-        tuple(dtype_name(m[3]) for m in metas),
-        tuple(m[0] for m in metas),
-    )
-    if targets is not None:
-        for i, target in enumerate(targets):
-            assign_node(target, getitem(node, i))
-        return targets
-    return [fresh(getitem(node, i), ops.device, m) for i, m in enumerate(metas)]
+    arg = ((plan.name, tuple(templates)), ())
+    if targets is None:
+        return _wrap_outputs(FOREACH, tuple(ops.srcs), arg, metas, ops.device)
+    node = _multi_node(FOREACH, tuple(ops.srcs), arg, metas)
+    for i, target in enumerate(targets):
+        assign_node(target, getitem(node, i))
+    return targets
+
+
+def _multi_node(op: str, srcs: tuple, arg: Any, metas: Any) -> Node:
+    """A node with one output per Meta of ``metas`` (None: an output the op does not produce)."""
+    dtypes = tuple(None if m is None else dtype_name(m[3]) for m in metas)
+    shapes = tuple(None if m is None else m[0] for m in metas)
+    return Node(op, srcs, arg, dtypes, shapes)
 
 
 def _wrap_outputs(op: str, srcs: tuple, arg: Any, meta: Any, device: int) -> Any:
     if _is_single(meta):
         return fresh(Node(op, srcs, arg, dtype_name(meta[3]), meta[0]), device, meta)
-    dtypes = tuple(None if m is None else dtype_name(m[3]) for m in meta)
-    shapes = tuple(None if m is None else m[0] for m in meta)
-    node = Node(op, srcs, arg, dtypes, shapes)
+    node = _multi_node(op, srcs, arg, meta)
     outs = [None if m is None else fresh(getitem(node, i), device, m) for i, m in enumerate(meta)]
     return tuple(outs) if isinstance(meta, tuple) else outs
 
@@ -581,7 +581,7 @@ def _view(build: Callable, storage_relative: bool) -> Handler:
 def _resolve(func: Any) -> Handler:
     name = str(func)
     if name.startswith("aten._foreach_"):
-        handler = foreach_handler(func, dispatch)
+        handler = foreach_handler(func, dispatch, record_elements)
         if handler is not None:
             return handler
     if func in VIEWS:

@@ -84,8 +84,9 @@ def _roles(arguments: list) -> tuple[list[str], list[str]]:
     return roles, kinds
 
 
-def foreach_handler(func: Any, dispatch: Callable[[Any, tuple, dict], Any]) -> Any:
-    """The handler of ``aten._foreach_<op>[_].<overload>``, or None when no element op fits.
+def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) -> Any:
+    """The handler of ``aten._foreach_<op>[_].<overload>``, or None when no element op fits;
+    ``dispatch`` and ``record_elements`` are the backend's (dispatch.py, which imports this).
 
     An in-place foreach op uses the in-place element op, or the functional one and a copy_."""
     schema = func._schema
@@ -137,8 +138,6 @@ def foreach_handler(func: Any, dispatch: Callable[[Any, tuple, dict], Any]) -> A
                     e_kwargs[key] = v
             calls.append((tuple(e_args), e_kwargs))
         if fusable and calls:
-            from lazy_torch.dispatch import record_elements  # dispatch imports this module
-
             targets = [a[0] for a, _ in calls] if inplace else None
             out = record_elements(element, calls, targets)
             if out is not None:

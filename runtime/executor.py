@@ -16,7 +16,7 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from lazy_core.dump import ir_text
-from lazy_core.graph import Graph
+from lazy_core.graph import Graph, key_text
 from runtime import config, history, metrics
 from runtime.device import device
 from runtime.program import ParamLayout, build_function
@@ -27,11 +27,10 @@ class GraphError(RuntimeError):
 
 
 class Executable:
-    __slots__ = ("compiled", "errors", "graph_size", "layout")
+    __slots__ = ("compiled", "errors", "layout")
 
-    def __init__(self, compiled: Any, graph_size: int, errors: list, layout: ParamLayout):
+    def __init__(self, compiled: Any, errors: list, layout: ParamLayout):
         self.compiled = compiled
-        self.graph_size = graph_size
         self.errors = errors  # how to build the error of each runtime-check row (program.py)
         self.layout = layout  # the arguments of the graph's parameters
 
@@ -72,7 +71,7 @@ if config.CACHE_DIR:
 
 
 def _describe(graph: Graph) -> str:
-    return f"graph {graph.key & 0xFFFFFFFFFFFFFFFF:016x} ({len(graph.nodes)} nodes)"
+    return f"graph {key_text(graph.key)} ({len(graph.nodes)} nodes)"
 
 
 def _layout(graph: Graph) -> ParamLayout:
@@ -122,7 +121,7 @@ def _compile(
         hits = _persistent_hits[0]
         compiled = lowered.compile()
     except Exception as e:
-        _dump(graph, lowered, f"failed: {type(e).__name__}: {e}", cause, site)
+        _dump(graph, lowered, f"failed: {type(e).__name__}: {e}")
         raise GraphError(f"compiling {_describe(graph)} failed: {type(e).__name__}: {e}") from e
     end = time.perf_counter()
     persistent = _persistent_hits[0] > hits
@@ -136,22 +135,22 @@ def _compile(
         "compile", cause, site, graph.key, len(graph.nodes), end - start,
         "persistent" if persistent else "miss", reason,
     )  # fmt: skip
-    _dump(graph, lowered, e.line(), cause, site)
+    _dump(graph, lowered, e.line())
     metrics.event(e)
-    return Executable(compiled, len(graph.nodes), errors, layout)
+    return Executable(compiled, errors, layout)
 
 
 _dumped = [0]
 
 
-def _dump(graph: Graph, lowered: Any, header: str, cause: str, site: str) -> None:
+def _dump(graph: Graph, lowered: Any, header: str) -> None:
     """With LAZY_DUMP_DIR, write a newly compiled graph's IR text and StableHLO, named by its
     compile order and graph hash."""
     if not config.DUMP_DIR:
         return
     os.makedirs(config.DUMP_DIR, exist_ok=True)
     _dumped[0] += 1
-    stem = os.path.join(config.DUMP_DIR, f"{_dumped[0]:04d}-{graph.key & 0xFFFFFFFFFFFFFFFF:016x}")
+    stem = os.path.join(config.DUMP_DIR, f"{_dumped[0]:04d}-{key_text(graph.key)}")
     with open(stem + ".ir.txt", "w") as f:
         f.write(f"# {header}\n{ir_text(graph.roots)}\n")
     if lowered is not None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from lazy_core.graph import Graph
+from lazy_core.dump import LEAF_KINDS, type_text
+from lazy_core.graph import Graph, key_text
 from lazy_core.ir import CONSTANT, DATA, SCALAR
 
 _KEEP = 16  # graphs remembered per call site
-_LEAVES = {DATA: "input", SCALAR: "scalar", CONSTANT: "constant"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _explain(new: Compiled, earlier: collections.deque[Compiled]) -> str:
         n = _common_prefix(new.plan, old.plan)
         if n >= same:
             best, same = old, n
-    base = f"differs from graph {best.key & 0xFFFFFFFFFFFFFFFF:016x}"
+    base = f"differs from graph {key_text(best.key)}"
     if same < min(len(new.plan), len(best.plan)):
         return f"{base} at {_node_change(new, best.plan[same], same)}"
     if len(new.plan) != len(best.plan):
@@ -69,12 +69,6 @@ def _explain(new: Compiled, earlier: collections.deque[Compiled]) -> str:
     return f"{base}: same nodes, different donated inputs ({new.donate} vs {best.donate})"
 
 
-def _type(dtype, shape) -> str:
-    if isinstance(dtype, tuple):
-        return "(" + ", ".join(_type(d, s) for d, s in zip(dtype, shape)) + ")"
-    return f"{dtype}[{','.join(map(str, shape))}]"
-
-
 def _short(v: object, limit: int = 80) -> str:
     text = repr(v)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -83,12 +77,12 @@ def _short(v: object, limit: int = 80) -> str:
 def _node_change(new: Compiled, old_entry: tuple, i: int) -> str:
     op, arg, dtype, shape, src = new.plan[i]
     o_op, o_arg, o_dtype, o_shape, o_src = old_entry
-    name = _LEAVES.get(op, op)
+    name = LEAF_KINDS.get(op, op)
     changes = []
     if op != o_op:
-        changes.append(f"was {_LEAVES.get(o_op, o_op)}")
+        changes.append(f"was {LEAF_KINDS.get(o_op, o_op)}")
     if (dtype, shape) != (o_dtype, o_shape):
-        changes.append(f"was {_type(o_dtype, o_shape)}")
+        changes.append(f"was {type_text(o_dtype, o_shape)}")
     if op == o_op and arg != o_arg:
         if op in (DATA, SCALAR):
             changes.append(f"parameter {arg} was {o_arg}")
@@ -98,7 +92,7 @@ def _node_change(new: Compiled, old_entry: tuple, i: int) -> str:
             changes.append(_arg_change(arg, o_arg))
     if op == o_op and src != o_src:
         changes.append(f"operands {_refs(src)} were {_refs(o_src)}")
-    head = f"%{i} {name} {_type(dtype, shape)} ({'; '.join(changes)})"
+    head = f"%{i} {name} {type_text(dtype, shape)} ({'; '.join(changes)})"
     if new.sites[i]:
         return f"{head}, created at {new.sites[i]}"
     # A leaf, or a node created where sites are not recorded: name its first user instead.

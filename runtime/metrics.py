@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from lazy_core.graph import key_text
+
 _counters: collections.Counter[str] = collections.Counter()
 _timings: dict[str, list[float]] = collections.defaultdict(list)
 _sizes: dict[str, list[int]] = collections.defaultdict(list)
@@ -88,7 +90,7 @@ class GraphEvent:
 
     @property
     def graph(self) -> str:
-        return f"{self.key & 0xFFFFFFFFFFFFFFFF:016x}"
+        return key_text(self.key)
 
     def line(self) -> str:
         head = (
