@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_TO_NAME = {
+# torch dtype -> IR dtype name, for every dtype the lazy device supports.
+DTYPE_NAMES = {
     d: str(d).removeprefix("torch.")
     for d in (
         torch.float32,
@@ -25,12 +26,12 @@ _TO_NAME = {
         torch.complex128,
     )
 }
-_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
+_FROM_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     try:
-        return _TO_NAME[dtype]
+        return DTYPE_NAMES[dtype]
     except KeyError:
         raise TypeError(f"dtype {dtype} is not supported on the lazy device") from None
 

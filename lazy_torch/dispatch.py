@@ -15,13 +15,13 @@ import torch
 from torch._decomp import decomposition_table
 
 import runtime
-from lazy_core import Node, NotWritable, constant, getitem, scalar_leaf
-from lazy_core.ir import operand
+from lazy_core import Node, NotWritable, Storage, constant, getitem, scalar_leaf
+from lazy_core.ir import OPERANDS, operand
 from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
-from lazy_torch._dtypes import dtype_name
+from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
 from lazy_torch.foreach import foreach_handler
-from lazy_torch.tensor import LazyTensor, fresh, meta_of, wrap
+from lazy_torch.tensor import LazyTensor, _native, fresh, meta_of, wrap
 from lazy_torch.views import STORAGE_RELATIVE, VIEWS
 
 Handler = Callable[[Any, tuple, dict], Any]
@@ -70,6 +70,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     handler = _handlers.get(id(func))
     if handler is None:
         handler = _handlers[id(func)] = _resolve(func)
+        if handler is recorded and _native is not None:
+            _native.register(func, _native_plan(func))
     if _sites.recording:
         return _sites.call_attributed(handler, func, args, kwargs)
     return handler(func, args, kwargs)
@@ -107,6 +109,16 @@ def _is_numeric(t: Any) -> bool:
 _plans: dict[int, _Plan] = {}
 
 
+def _native_plan(func: Any) -> tuple:
+    """What the C fast path needs to record ``func`` as ``record`` does (lazy_core/_native.cpp)."""
+    plan = _plan(func)
+    n = len(func._schema.arguments)
+    operands = plan.scalars_are_operands
+    mask = tuple(operands and i in plan.scalar_pos for i in range(n))
+    names = plan.scalar_names if operands else frozenset()
+    return (plan.name, mask, names, _matmul_precision if plan.matmul else None)
+
+
 def _plan(func: Any) -> _Plan:
     plan = _plans.get(id(func))
     if plan is None:
@@ -138,18 +150,13 @@ class _Operands:
             self.srcs.append(view.node)
             self.keys.append(t._meta)
             return operand(len(self.srcs) - 1)
-        if t.dim() == 0 and t.device.type == "cpu":
-            value = t.item()
-            dtype = dtype_name(t.dtype)
-            node = (
-                constant(value, dtype, wrapped=False)
-                if _is_constant(value)
-                else scalar_leaf(value, dtype)
-            )
-            self.srcs.append(node)
-            self.keys.append(("cpu_scalar", t.dtype))
-            return operand(len(self.srcs) - 1)
-        _device_mismatch("lazy:0" if self.device is None else f"lazy:{self.device}", str(t.device))
+        scalar = _cpu_scalar(t)
+        if scalar is None:
+            here = "lazy:0" if self.device is None else f"lazy:{self.device}"
+            _device_mismatch(here, str(t.device))
+        self.srcs.append(scalar[0])
+        self.keys.append(scalar[1])
+        return operand(len(self.srcs) - 1)
 
     def node(self, n: Node) -> Any:
         self.srcs.append(n)
@@ -167,6 +174,17 @@ class _Operands:
         self.srcs.append(node)
         self.keys.append(kind)
         return operand(len(self.srcs) - 1)
+
+
+def _cpu_scalar(t: torch.Tensor) -> tuple[Node, Any] | None:
+    """A 0-dim CPU tensor (a wrapped Python number, ``x * 2``) as a scalar operand: its node
+    and memo key. None for any other non-lazy tensor (a device mismatch)."""
+    if t.dim() != 0 or t.device.type != "cpu":
+        return None
+    value = t.item()
+    dtype = dtype_name(t.dtype)
+    node = constant(value, dtype, wrapped=False) if _is_constant(value) else scalar_leaf(value, dtype)
+    return node, ("cpu_scalar", t.dtype)
 
 
 _SCALAR_DTYPES = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
@@ -602,3 +620,21 @@ def _resolve(func: Any) -> Handler:
         # Composite ops called from inside a handler or decomposition arrive undecomposed.
         return _decomposed(func.decompose)
     return _fallback.run
+
+
+if _native is not None:
+    _native.configure(
+        tensor_type=LazyTensor,
+        foreign_type=torch.Tensor,
+        fallback=dispatch,
+        flags=vars(_sites),
+        meta_cache=_meta_cache,
+        constants=_constants,
+        dtype_names=DTYPE_NAMES,
+        node=Node,
+        scalar_leaf=scalar_leaf,
+        storage=Storage,
+        wrap=wrap,
+        foreign=_cpu_scalar,
+        operands=OPERANDS,
+    )

@@ -12,6 +12,14 @@ from lazy_core import Node, Storage, View, data_leaf
 from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy
 from lazy_torch.sync import sync
 
+# The per-op fast path in C, unless it was not built or LAZY_NATIVE=0 turns it off.
+_native: Any = None
+if runtime.config.NATIVE:
+    try:
+        from lazy_core import _native
+    except ImportError:
+        pass
+
 # Shape, strides, storage offset and dtype as eager PyTorch would report them.
 Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]
 
@@ -74,9 +82,14 @@ class LazyTensor(torch.Tensor):
         torch.Tensor.data.__set__(self, new)
         self._lazy, self._meta = new._lazy, new._meta
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch.dispatch(func, args, kwargs or {})
+    if _native is not None:
+        # C: records common ops itself and calls ``dispatch`` for the rest (lazy_core/_native.cpp).
+        __torch_dispatch__ = classmethod(_native.dispatch)
+    else:
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            return _dispatch.dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         cpu = to_cpu(self, cause="print")

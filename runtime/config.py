@@ -19,3 +19,5 @@ DUMP_DIR: str = os.environ.get("LAZY_DUMP_DIR", "").strip()
 CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
 # Donate the buffers a mark_step overwrites (parameters, optimizer state) to its outputs.
 DONATE: bool = os.environ.get("LAZY_DONATE", "1").strip().lower() not in ("0", "false", "no", "off")
+# Record common ops in C (lazy_core/_native.cpp) when it is built; 0 keeps every op in Python.
+NATIVE: bool = os.environ.get("LAZY_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
