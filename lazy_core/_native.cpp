@@ -14,9 +14,12 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <cmath>
+#include <cstdio>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -34,14 +37,24 @@ struct Config {
     PyObject* wrap = nullptr;          // wrap(storage, meta) -> tensor
     PyObject* foreign = nullptr;       // foreign(t) -> (node, key); raises when t cannot be one
     PyObject* operands = nullptr;      // tuple: Operand(i) for small i
+    PyObject* view_cache = nullptr;    // view key -> (Meta or Metas, view steps)
+    PyObject* make_wrapper = nullptr;  // make_wrapper(cls, shape, dtype=, device=): a new tensor
+    PyObject* devices = nullptr;       // device objects by index
+    PyObject* str_types = nullptr;     // argument types that enter templates as str(value)
 };
 
 Config cfg;
-// func -> plan tuple (name, scalar mask per position, scalar kwarg names, precision or None).
+// Ops dispatch() recorded itself and ops it handed to the Python path (stats()).
+unsigned long long handled = 0, handed = 0;
+// func -> plan tuple, by kind:
+//   (RECORD, name, scalar mask per position, scalar kwarg names, precision callable or None)
+//   (VIEW, name, storage_relative): a view op; its Meta and view steps memoized by view_cache
+//   (SHARE,): detach/alias, a new tensor on its argument's view
 // Ops live for the whole process, so plans are keyed by identity and never removed.
+enum Kind { RECORD = 0, VIEW = 1, SHARE = 2 };
 std::unordered_map<PyObject*, PyObject*> plans;
 
-PyObject *s_lazy, *s_meta, *s_device, *s_node, *s_recording, *s_precision;
+PyObject *s_lazy, *s_meta, *s_device, *s_node, *s_recording, *s_precision, *s_then, *s_storage;
 PyObject* scalar_dtypes[4];  // IR dtype names of bool, int, float, complex
 
 // Owned reference that releases itself.
@@ -158,6 +171,21 @@ PyObject* scalar_operand(Operands& ops, PyObject* v, int kind) {
     return operand_marker(ops);
 }
 
+// A dtype as its IR name, a device, layout or memory format as its str; nullptr for anything
+// else (generators, symbolic ints, ...: the Python path's).
+PyObject* named(PyObject* v) {
+    PyObject* name = PyDict_GetItemWithError(cfg.dtype_names, v);
+    if (name != nullptr) {
+        Py_INCREF(name);
+        return name;
+    }
+    if (PyErr_Occurred()) return nullptr;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(cfg.str_types); i++) {
+        if (Py_TYPE(v) == (PyTypeObject*)PyTuple_GET_ITEM(cfg.str_types, i)) return PyObject_Str(v);
+    }
+    return nullptr;
+}
+
 // A non-Scalar argument as a hashable template entry (the Python path's _attr).
 PyObject* attr(Operands& ops, PyObject* v) {
     PyTypeObject* t = Py_TYPE(v);
@@ -180,9 +208,7 @@ PyObject* attr(Operands& ops, PyObject* v) {
         return out.release();
     }
     if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.foreign_type)) return foreign_operand(ops, v);
-    PyObject* name = PyDict_GetItemWithError(cfg.dtype_names, v);  // a dtype
-    if (name != nullptr) Py_INCREF(name);
-    return name;  // anything else (devices, generators, ...) is the Python path's
+    return named(v);
 }
 
 PyObject* entry(Operands& ops, PyObject* v, bool scalar_slot) {
@@ -200,12 +226,46 @@ bool is_single_meta(PyObject* meta, PyObject** dtype_name) {
     return *dtype_name != nullptr;
 }
 
+bool is_dense(PyObject* shape, PyObject* stride) {
+    if (!PyTuple_Check(shape) || !PyTuple_Check(stride)) return false;
+    Py_ssize_t n = PyTuple_GET_SIZE(shape);
+    if (PyTuple_GET_SIZE(stride) != n) return false;
+    long long expected = 1;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+        long long st = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
+        if (PyErr_Occurred() || st != expected) return false;
+        expected *= size > 1 ? size : 1;
+    }
+    return true;
+}
+
+// A new tensor holding ``view`` on device ``device`` (the Python path's wrap).
+PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device) {
+    PyObject* shape = PyTuple_GET_ITEM(meta, 0);
+    PyObject* offset = PyTuple_GET_ITEM(meta, 2);
+    Py_ssize_t index = PyLong_Check(device) ? PyLong_AsSsize_t(device) : -1;
+    if (index < 0 || index >= PyTuple_GET_SIZE(cfg.devices) || !PyLong_Check(offset) ||
+        PyLong_AsLong(offset) != 0 || !is_dense(shape, PyTuple_GET_ITEM(meta, 1))) {
+        PyErr_Clear();
+        PyObject* wrap_args[2] = {view, meta};
+        return PyObject_Vectorcall(cfg.wrap, wrap_args, 2, nullptr);
+    }
+    static PyObject* kwnames = Py_BuildValue("(ss)", "dtype", "device");
+    PyObject* call[4] = {cfg.tensor_type, shape, PyTuple_GET_ITEM(meta, 3),
+                         PyTuple_GET_ITEM(cfg.devices, index)};
+    Ref t(PyObject_Vectorcall(cfg.make_wrapper, call, 2, kwnames));
+    if (!t || PyObject_SetAttr(t.p, s_lazy, view) < 0 || PyObject_SetAttr(t.p, s_meta, meta) < 0)
+        return nullptr;
+    return t.release();
+}
+
 // The whole op, or nullptr to hand it to the Python path.
 PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
-    PyObject* name = PyTuple_GET_ITEM(plan, 0);
-    PyObject* mask = PyTuple_GET_ITEM(plan, 1);
-    PyObject* scalar_names = PyTuple_GET_ITEM(plan, 2);
-    PyObject* precision = PyTuple_GET_ITEM(plan, 3);
+    PyObject* name = PyTuple_GET_ITEM(plan, 1);
+    PyObject* mask = PyTuple_GET_ITEM(plan, 2);
+    PyObject* scalar_names = PyTuple_GET_ITEM(plan, 3);
+    PyObject* precision = PyTuple_GET_ITEM(plan, 4);
     Operands ops;
     if (!ops.srcs || !ops.keys) return nullptr;
 
@@ -264,8 +324,99 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     PyObject* storage_args[2] = {node.p, ops.device.p};
     Ref storage(PyObject_Vectorcall(cfg.storage, storage_args, 2, nullptr));
     if (!storage) return nullptr;
-    PyObject* wrap_args[2] = {storage.p, meta};
-    return PyObject_Vectorcall(cfg.wrap, wrap_args, 2, nullptr);
+    return make_tensor(storage.p, meta, ops.device.p);
+}
+
+// A view op's memo key entry for one argument (the Python path's _view_key): a lazy tensor is
+// its Meta; sequences become tuples; dtypes their names; other plain values themselves.
+PyObject* view_plain(PyObject* v) {
+    PyTypeObject* t = Py_TYPE(v);
+    if (t == &PyLong_Type || t == &PyUnicode_Type || v == Py_None || t == &PyBool_Type ||
+        t == &PyFloat_Type) {
+        Py_INCREF(v);
+        return v;
+    }
+    if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.tensor_type)) return PyObject_GetAttr(v, s_meta);
+    if (PyTuple_Check(v) || PyList_Check(v)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+        PyObject** items = PySequence_Fast_ITEMS(v);
+        Ref out(PyTuple_New(n));
+        if (!out) return nullptr;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject* e = view_plain(items[i]);
+            if (e == nullptr) return nullptr;
+            PyTuple_SET_ITEM(out.p, i, e);
+        }
+        return out.release();
+    }
+    return named(v);
+}
+
+PyObject* view(PyObject* plan, PyObject* args, PyObject* kwargs) {
+    if (PyTuple_GET_SIZE(args) < 1 ||
+        !PyObject_TypeCheck(PyTuple_GET_ITEM(args, 0), (PyTypeObject*)cfg.tensor_type))
+        return nullptr;
+    Ref args_k(view_plain(args));
+    if (!args_k) return nullptr;
+    Py_ssize_t nk = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
+    Ref kwargs_k(PyTuple_New(nk));
+    if (!kwargs_k) return nullptr;
+    if (nk) {
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(kwargs, &pos, &k, &v)) {
+            Ref e(view_plain(v));
+            if (!e) return nullptr;
+            PyObject* pair = PyTuple_Pack(2, k, e.p);
+            if (pair == nullptr) return nullptr;
+            PyTuple_SET_ITEM(kwargs_k.p, i++, pair);
+        }
+    }
+    Ref key(PyTuple_Pack(3, PyTuple_GET_ITEM(plan, 1), args_k.p, kwargs_k.p));
+    if (!key) return nullptr;
+    PyObject* entry = PyDict_GetItemWithError(cfg.view_cache, key.p);  // borrowed
+    if (entry == nullptr) return nullptr;
+    PyObject* meta = PyTuple_GET_ITEM(entry, 0);
+    PyObject* steps = PyTuple_GET_ITEM(entry, 1);
+    Ref parent(PyObject_GetAttr(PyTuple_GET_ITEM(args, 0), s_lazy));
+    if (!parent) return nullptr;
+    if (PyTuple_GET_ITEM(plan, 2) == Py_True) {
+        PyObject* storage = PyObject_GetAttr(parent.p, s_storage);
+        if (storage == nullptr) return nullptr;
+        Py_SETREF(parent.p, storage);
+    }
+    PyObject* dtype_name;
+    Ref device(PyObject_GetAttr(parent.p, s_device));
+    if (!device) return nullptr;
+    auto one = [&](PyObject* step, PyObject* m) -> PyObject* {
+        Ref v(PyObject_CallMethodOneArg(parent.p, s_then, step));
+        if (!v) return nullptr;
+        return make_tensor(v.p, m, device.p);
+    };
+    if (is_single_meta(meta, &dtype_name)) return one(PyTuple_GET_ITEM(steps, 0), meta);
+    if (PyErr_Occurred()) return nullptr;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(meta);
+    PyObject** metas = PySequence_Fast_ITEMS(meta);
+    Ref outs(PyList_New(n));
+    if (!outs) return nullptr;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* t = one(PyTuple_GET_ITEM(steps, i), metas[i]);
+        if (t == nullptr) return nullptr;
+        PyList_SET_ITEM(outs.p, i, t);
+    }
+    return PyTuple_Check(meta) ? PyList_AsTuple(outs.p) : outs.release();
+}
+
+PyObject* share(PyObject* args) {
+    if (PyTuple_GET_SIZE(args) < 1) return nullptr;
+    PyObject* t = PyTuple_GET_ITEM(args, 0);
+    if (!PyObject_TypeCheck(t, (PyTypeObject*)cfg.tensor_type)) return nullptr;
+    Ref v(PyObject_GetAttr(t, s_lazy));
+    Ref m(PyObject_GetAttr(t, s_meta));
+    if (!v || !m) return nullptr;
+    Ref device(PyObject_GetAttr(v.p, s_device));
+    if (!device) return nullptr;
+    return make_tensor(v.p, m.p, device.p);
 }
 
 PyObject* call_fallback(PyObject* func, PyObject* args, PyObject* kwargs) {
@@ -302,21 +453,47 @@ PyObject* dispatch(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
         (kwargs == nullptr || kwargs == Py_None || PyDict_CheckExact(kwargs))) {
         PyObject* recording = PyDict_GetItemWithError(cfg.flags, s_recording);
         if (recording == nullptr || !PyObject_IsTrue(recording)) {
-            PyObject* out = record(plan->second, args, kwargs == Py_None ? nullptr : kwargs);
-            if (out != nullptr) return out;
+            PyObject* p = plan->second;
+            if (kwargs == Py_None) kwargs = nullptr;
+            long kind = PyLong_AsLong(PyTuple_GET_ITEM(p, 0));
+            PyObject* out = kind == RECORD ? record(p, args, kwargs)
+                            : kind == VIEW ? view(p, args, kwargs)
+                                           : share(args);
+            if (out != nullptr) {
+                handled++;
+                return out;
+            }
         }
         PyErr_Clear();  // whatever went wrong, the Python path does the op again
     }
+    handed++;
     return call_fallback(func, args, kwargs);
 }
 
 PyObject* register_plan(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_CheckExact(argv[1]) || PyTuple_GET_SIZE(argv[1]) != 4 ||
-        !PyUnicode_Check(PyTuple_GET_ITEM(argv[1], 0)) ||
-        !PyTuple_Check(PyTuple_GET_ITEM(argv[1], 1)) ||
-        !PyAnySet_Check(PyTuple_GET_ITEM(argv[1], 2))) {
-        PyErr_SetString(PyExc_TypeError,
-                        "register(func, (name, scalar_mask, scalar_names, precision))");
+    bool ok = nargs == 2 && PyTuple_CheckExact(argv[1]) && PyTuple_GET_SIZE(argv[1]) >= 1 &&
+              PyLong_CheckExact(PyTuple_GET_ITEM(argv[1], 0));
+    if (ok) {
+        PyObject* p = argv[1];
+        Py_ssize_t n = PyTuple_GET_SIZE(p);
+        switch (PyLong_AsLong(PyTuple_GET_ITEM(p, 0))) {
+            case RECORD:
+                ok = n == 5 && PyUnicode_Check(PyTuple_GET_ITEM(p, 1)) &&
+                     PyTuple_Check(PyTuple_GET_ITEM(p, 2)) && PyAnySet_Check(PyTuple_GET_ITEM(p, 3));
+                break;
+            case VIEW:
+                ok = n == 3 && PyUnicode_Check(PyTuple_GET_ITEM(p, 1)) &&
+                     PyBool_Check(PyTuple_GET_ITEM(p, 2));
+                break;
+            case SHARE:
+                ok = n == 1;
+                break;
+            default:
+                ok = false;
+        }
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "register(func, plan): see the plan kinds in _native.cpp");
         return nullptr;
     }
     PyObject*& slot = plans[argv[0]];
@@ -330,23 +507,27 @@ PyObject* configure(PyObject*, PyObject* args, PyObject* kw) {
     static const char* names[] = {"tensor_type", "foreign_type", "fallback", "flags",
                                   "meta_cache",  "constants",    "dtype_names", "node",
                                   "scalar_leaf", "storage",      "wrap",      "foreign",
-                                  "operands",    nullptr};
+                                  "operands",    "view_cache", "make_wrapper", "devices",
+                                  "str_types",   nullptr};
     Config c;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "O!O!OO!O!O!O!OOOOOO!:configure", (char**)names, &PyType_Type,
+            args, kw, "O!O!OO!O!O!O!OOOOOO!O!OO!O!:configure", (char**)names, &PyType_Type,
             &c.tensor_type, &PyType_Type, &c.foreign_type, &c.fallback, &PyDict_Type, &c.flags,
             &PyDict_Type, &c.meta_cache, &PyDict_Type, &c.constants, &PyDict_Type,
             &c.dtype_names, &c.node, &c.scalar_leaf, &c.storage, &c.wrap, &c.foreign,
-            &PyTuple_Type, &c.operands))
+            &PyTuple_Type, &c.operands, &PyDict_Type, &c.view_cache, &c.make_wrapper,
+            &PyTuple_Type, &c.devices, &PyTuple_Type, &c.str_types))
         return nullptr;
     PyObject** fields[] = {&c.tensor_type, &c.foreign_type, &c.fallback, &c.flags,
                            &c.meta_cache,  &c.constants,    &c.dtype_names, &c.node,
                            &c.scalar_leaf, &c.storage,      &c.wrap,      &c.foreign,
-                           &c.operands};
+                           &c.operands,    &c.view_cache,   &c.make_wrapper, &c.devices,
+                           &c.str_types};
     PyObject** old[] = {&cfg.tensor_type, &cfg.foreign_type, &cfg.fallback, &cfg.flags,
                         &cfg.meta_cache,  &cfg.constants,    &cfg.dtype_names, &cfg.node,
                         &cfg.scalar_leaf, &cfg.storage,      &cfg.wrap,      &cfg.foreign,
-                        &cfg.operands};
+                        &cfg.operands,    &cfg.view_cache,   &cfg.make_wrapper, &cfg.devices,
+                        &cfg.str_types};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         Py_INCREF(*fields[i]);
         Py_XSETREF(*old[i], *fields[i]);
@@ -354,11 +535,313 @@ PyObject* configure(PyObject*, PyObject* args, PyObject* kw) {
     Py_RETURN_NONE;
 }
 
+// ----------------------------------------------------------------------------------------------
+// Node: the IR node type of lazy_core/ir.py (which documents it and keeps a Python twin for
+// builds without this extension). Same attributes, same structural hash.
+
+PyObject* current_site = Py_None;  // the user site new nodes are attributed to (attribute_to)
+
+struct NodeObject {
+    PyObject_HEAD
+    PyObject *op, *src, *arg, *dtype, *shape, *payload, *site;
+    Py_hash_t hash;
+    PyObject* weakrefs;
+};
+
+// CPython's tuple hash (xxHash-based, 3.8+) over the given lanes, so a node hashes exactly as
+// ``hash((op, arg, dtype, shape, tuple(s.hash for s in src)))`` does in the Python twin.
+struct TupleHash {
+    static constexpr Py_uhash_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL,
+                                P5 = 2870177450012600261ULL;
+    Py_uhash_t acc = P5;
+    Py_ssize_t n = 0;
+    void add(Py_uhash_t lane) {
+        acc += lane * P2;
+        acc = (acc << 31) | (acc >> 33);
+        acc *= P1;
+        n++;
+    }
+    Py_hash_t done() const {
+        Py_uhash_t a = acc + ((Py_uhash_t)n ^ (P5 ^ 3527539UL));
+        return a == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)a;
+    }
+};
+
+// hash() of a Python int holding x: x modulo 2**61 - 1, keeping its sign; -1 becomes -2.
+Py_hash_t int_hash(Py_hash_t x) {
+    const Py_uhash_t modulus = ((Py_uhash_t)1 << 61) - 1;
+    Py_uhash_t magnitude = x < 0 ? (Py_uhash_t)0 - (Py_uhash_t)x : (Py_uhash_t)x;
+    Py_hash_t r = (Py_hash_t)(magnitude % modulus);
+    if (x < 0) r = -r;
+    return r == -1 ? -2 : r;
+}
+
+PyTypeObject NodeType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject* payload = Py_None;
+    if (kwnames != nullptr) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        if (nk == 1 && nargs == 5 &&
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "payload") == 0) {
+            payload = argv[5];
+        } else {
+            PyErr_SetString(PyExc_TypeError, "Node(op, src, arg, dtype, shape, payload=None)");
+            return nullptr;
+        }
+    } else if (nargs == 6) {
+        payload = argv[5];
+    } else if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "Node(op, src, arg, dtype, shape, payload=None)");
+        return nullptr;
+    }
+    PyObject* src = argv[1];
+    if (!PyTuple_Check(src)) {
+        PyErr_SetString(PyExc_TypeError, "Node: src must be a tuple of Nodes");
+        return nullptr;
+    }
+    TupleHash srcs;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(src); i++) {
+        PyObject* s = PyTuple_GET_ITEM(src, i);
+        if (!PyObject_TypeCheck(s, &NodeType)) {
+            PyErr_SetString(PyExc_TypeError, "Node: src must be a tuple of Nodes");
+            return nullptr;
+        }
+        srcs.add((Py_uhash_t)int_hash(((NodeObject*)s)->hash));
+    }
+    TupleHash h;
+    PyObject* hashed[4] = {argv[0], argv[2], argv[3], argv[4]};
+    for (int i = 0; i < 4; i++) {
+        Py_hash_t lane = PyObject_Hash(hashed[i]);
+        if (lane == -1) return nullptr;
+        h.add((Py_uhash_t)lane);
+        if (i == 3) h.add((Py_uhash_t)srcs.done());
+    }
+    NodeObject* self = PyObject_GC_New(NodeObject, type);
+    if (self == nullptr) return nullptr;
+    PyObject** fields[7] = {&self->op, &self->src, &self->arg, &self->dtype, &self->shape,
+                            &self->payload, &self->site};
+    PyObject* values[7] = {argv[0], src, argv[2], argv[3], argv[4], payload, current_site};
+    for (int i = 0; i < 7; i++) {
+        Py_INCREF(values[i]);
+        *fields[i] = values[i];
+    }
+    self->hash = h.done();
+    self->weakrefs = nullptr;
+    PyObject_GC_Track(self);
+    return (PyObject*)self;
+}
+
+PyObject* node_tp_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+    // The slow entry (subclasses, ``Node.__new__``); calls go through node_new.
+    Ref kwnames;
+    std::vector<PyObject*> argv(PyTuple_GET_SIZE(args));
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) argv[i] = PyTuple_GET_ITEM(args, i);
+    if (kwargs != nullptr && PyDict_GET_SIZE(kwargs)) {
+        kwnames.p = PyTuple_New(PyDict_GET_SIZE(kwargs));
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(kwargs, &pos, &k, &v)) {
+            Py_INCREF(k);
+            PyTuple_SET_ITEM(kwnames.p, i++, k);
+            argv.push_back(v);
+        }
+    }
+    return node_new(type, argv.data(), PyTuple_GET_SIZE(args), kwnames.p);
+}
+
+PyObject* node_vectorcall(PyObject* type, PyObject* const* argv, size_t nargsf, PyObject* kw) {
+    return node_new((PyTypeObject*)type, argv, nargsf, kw);
+}
+
+int node_traverse(NodeObject* self, visitproc visit, void* arg) {
+    Py_VISIT(self->src);
+    Py_VISIT(self->arg);
+    Py_VISIT(self->payload);
+    return 0;
+}
+
+int node_clear(NodeObject* self) {
+    Py_CLEAR(self->src);
+    Py_CLEAR(self->arg);
+    Py_CLEAR(self->payload);
+    return 0;
+}
+
+void node_dealloc(NodeObject* self) {
+    PyObject_GC_UnTrack(self);
+    // The trashcan frees a long chain of nodes iteratively instead of one C frame per node.
+    Py_TRASHCAN_BEGIN(self, node_dealloc)
+    if (self->weakrefs != nullptr) PyObject_ClearWeakRefs((PyObject*)self);
+    Py_CLEAR(self->op);
+    Py_CLEAR(self->src);
+    Py_CLEAR(self->arg);
+    Py_CLEAR(self->dtype);
+    Py_CLEAR(self->shape);
+    Py_CLEAR(self->payload);
+    Py_CLEAR(self->site);
+    PyObject_GC_Del(self);
+    Py_TRASHCAN_END
+}
+
+PyObject* node_num_outputs(NodeObject* self, void*) {
+    return PyLong_FromSsize_t(PyTuple_Check(self->dtype) ? PyTuple_GET_SIZE(self->dtype) : 1);
+}
+
+PyObject* node_repr(NodeObject* self) {
+    Ref shape(PySequence_List(self->shape));
+    if (!shape) return nullptr;
+    char digest[16];
+    snprintf(digest, sizeof digest, "%08lx", (unsigned long)((Py_uhash_t)self->hash & 0xFFFFFFFFUL));
+    return PyUnicode_FromFormat("Node(%S, %S%R, #%s)", self->op, self->dtype, shape.p, digest);
+}
+
+PyMemberDef node_members[] = {
+    {"op", T_OBJECT_EX, offsetof(NodeObject, op), 0, nullptr},
+    {"src", T_OBJECT_EX, offsetof(NodeObject, src), 0, nullptr},
+    {"arg", T_OBJECT_EX, offsetof(NodeObject, arg), 0, nullptr},
+    {"dtype", T_OBJECT_EX, offsetof(NodeObject, dtype), 0, nullptr},
+    {"shape", T_OBJECT_EX, offsetof(NodeObject, shape), 0, nullptr},
+    {"payload", T_OBJECT_EX, offsetof(NodeObject, payload), 0, nullptr},
+    {"site", T_OBJECT_EX, offsetof(NodeObject, site), 0, nullptr},
+    {"hash", T_PYSSIZET, offsetof(NodeObject, hash), 0, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyGetSetDef node_getset[] = {
+    {"num_outputs", (getter)node_num_outputs, nullptr, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyObject* attribute_to(PyObject*, PyObject* site) {
+    PyObject* previous = current_site;  // the reference passes to the caller
+    Py_INCREF(site);
+    current_site = site;
+    return previous;
+}
+
+PyObject* get_current_site(PyObject*, PyObject*) {
+    Py_INCREF(current_site);
+    return current_site;
+}
+
+// ----------------------------------------------------------------------------------------------
+// The graph cut's walk (lazy_core/graph.py: _walk, which it mirrors): post-order from the roots,
+// parameters by first use, and the wiring that tells apart graphs whose nodes hash alike.
+
+PyObject *s_src, *s_op, *s_payload;
+
+PyObject* walk(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(argv[0])) {
+        PyErr_SetString(PyExc_TypeError, "walk(roots: tuple, data_op, scalar_op)");
+        return nullptr;
+    }
+    PyObject* roots = argv[0];
+    PyObject* data_op = argv[1];
+    PyObject* scalar_op = argv[2];
+    auto is = [](PyObject* a, PyObject* b) -> int {
+        return a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
+    };
+    Ref order(PyList_New(0)), params(PyList_New(0));
+    if (!order || !params) return nullptr;
+    std::vector<Py_ssize_t> wiring;
+    std::unordered_map<PyObject*, Py_ssize_t> position, param_pos;  // borrowed: roots keep them
+    struct Frame {
+        PyObject* node;
+        PyObject* src;  // owned
+        Py_ssize_t i;
+    };
+    std::vector<Frame> stack;
+    auto fail = [&]() -> PyObject* {
+        for (Frame& f : stack) Py_DECREF(f.src);
+        return nullptr;
+    };
+    auto push = [&](PyObject* node) -> bool {
+        PyObject* src = PyObject_GetAttr(node, s_src);
+        if (src == nullptr) return false;
+        if (!PyTuple_Check(src)) {
+            Py_DECREF(src);
+            PyErr_SetString(PyExc_TypeError, "Node.src must be a tuple");
+            return false;
+        }
+        position[node] = -1;
+        stack.push_back({node, src, 0});
+        return true;
+    };
+    for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(roots); r++) {
+        PyObject* root = PyTuple_GET_ITEM(roots, r);
+        auto seen = position.find(root);
+        if (seen != position.end()) {
+            wiring.push_back(-2 - seen->second);
+            continue;
+        }
+        if (!push(root)) return fail();
+        while (!stack.empty()) {
+            Frame& top = stack.back();
+            if (top.i < PyTuple_GET_SIZE(top.src)) {
+                PyObject* child = PyTuple_GET_ITEM(top.src, top.i++);
+                auto found = position.find(child);
+                if (found == position.end()) {
+                    if (!push(child)) return fail();
+                } else {
+                    wiring.push_back(-2 - found->second);
+                }
+                continue;
+            }
+            PyObject* node = top.node;
+            Py_DECREF(top.src);
+            stack.pop_back();
+            position[node] = PyList_GET_SIZE(order.p);
+            if (PyList_Append(order.p, node) < 0) return fail();
+            Ref op(PyObject_GetAttr(node, s_op));
+            if (!op) return fail();
+            int data = is(op.p, data_op);
+            int scalar = data ? 0 : is(op.p, scalar_op);
+            if (data < 0 || scalar < 0) return fail();
+            if (data || scalar) {
+                PyObject* ident = node;  // two leaves of one device buffer are one parameter
+                Ref payload;
+                if (data) {
+                    payload.p = PyObject_GetAttr(node, s_payload);
+                    if (!payload) return fail();
+                    ident = payload.p;  // the order list keeps the node, the node its payload
+                }
+                auto p = param_pos.find(ident);
+                if (p == param_pos.end()) {
+                    p = param_pos.emplace(ident, PyList_GET_SIZE(params.p)).first;
+                    if (PyList_Append(params.p, node) < 0) return fail();
+                }
+                wiring.push_back(p->second);
+            }
+        }
+    }
+    Ref wires(PyTuple_New((Py_ssize_t)wiring.size()));
+    if (!wires) return nullptr;
+    for (size_t i = 0; i < wiring.size(); i++) {
+        PyObject* w = PyLong_FromSsize_t(wiring[i]);
+        if (w == nullptr) return nullptr;
+        PyTuple_SET_ITEM(wires.p, (Py_ssize_t)i, w);
+    }
+    Ref order_t(PyList_AsTuple(order.p)), params_t(PyList_AsTuple(params.p));
+    if (!order_t || !params_t) return nullptr;
+    return PyTuple_Pack(3, order_t.p, params_t.p, wires.p);
+}
+
+PyObject* stats(PyObject*, PyObject*) {
+    return Py_BuildValue("{sKsK}", "native", handled, "python", handed);
+}
+
 PyMethodDef methods[] = {
+    {"stats", (PyCFunction)stats, METH_NOARGS,
+     "Ops dispatch() recorded in C and ops it handed to the Python path, since import."},
+    {"attribute_to", (PyCFunction)attribute_to, METH_O,
+     "Attribute nodes created from now on to a site; returns the previous one."},
+    {"current_site", (PyCFunction)get_current_site, METH_NOARGS, "The site of new nodes."},
+    {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
+     "walk(roots, data_op, scalar_op) -> (post-order, parameters, wiring); see graph.py."},
     {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL,
      "__torch_dispatch__ body: record the op in C when it can, else call the fallback."},
     {"register", (PyCFunction)(void (*)(void))register_plan, METH_FASTCALL,
-     "register(func, (name, scalar_mask, scalar_names, precision)): record func in C."},
+     "register(func, plan): handle func in C (plan kinds: see _native.cpp)."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Give the fast path the front end's classes, caches and callbacks."},
     {nullptr, nullptr, 0, nullptr}};
@@ -375,7 +858,31 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_node = PyUnicode_InternFromString("node");
     s_recording = PyUnicode_InternFromString("recording");
     s_precision = PyUnicode_InternFromString("_precision");
+    s_then = PyUnicode_InternFromString("then");
+    s_src = PyUnicode_InternFromString("src");
+    s_op = PyUnicode_InternFromString("op");
+    s_payload = PyUnicode_InternFromString("payload");
+    s_storage = PyUnicode_InternFromString("storage");
     const char* dtypes[4] = {"bool", "int64", "float64", "complex128"};
     for (int i = 0; i < 4; i++) scalar_dtypes[i] = PyUnicode_InternFromString(dtypes[i]);
-    return PyModule_Create(&module);
+    NodeType.tp_name = "lazy_core._native.Node";
+    NodeType.tp_basicsize = sizeof(NodeObject);
+    NodeType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE;
+    NodeType.tp_doc = "One IR operation (see lazy_core/ir.py).";
+    NodeType.tp_new = node_tp_new;
+    NodeType.tp_vectorcall = node_vectorcall;
+    NodeType.tp_dealloc = (destructor)node_dealloc;
+    NodeType.tp_traverse = (traverseproc)node_traverse;
+    NodeType.tp_clear = (inquiry)node_clear;
+    NodeType.tp_repr = (reprfunc)node_repr;
+    NodeType.tp_members = node_members;
+    NodeType.tp_getset = node_getset;
+    NodeType.tp_weaklistoffset = offsetof(NodeObject, weakrefs);
+    if (PyType_Ready(&NodeType) < 0) return nullptr;
+    Py_INCREF(Py_None);  // current_site's reference
+    PyObject* m = PyModule_Create(&module);
+    if (m == nullptr) return nullptr;
+    Py_INCREF(&NodeType);
+    if (PyModule_AddObject(m, "Node", (PyObject*)&NodeType) < 0) return nullptr;
+    return m;
 }

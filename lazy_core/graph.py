@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lazy_core.ir import DATA, PARAM_OPS, Node
+from lazy_core.ir import DATA, PARAM_OPS, SCALAR, Node
+
+try:  # the C walk, when the extension is built (lazy_core/_native.cpp)
+    from lazy_core import _native
+except ImportError:
+    _native = None
 
 
 @dataclass(frozen=True)
@@ -74,16 +79,24 @@ def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
         if id(r) not in seen_roots:
             seen_roots.add(id(r))
             unique_roots.append(r)
+    walk = _walk if _native is None else _native.walk
+    order, params, wiring = walk(tuple(unique_roots), DATA, SCALAR)
+    key = hash((tuple(r.hash for r in unique_roots), wiring, len(order), salt))
+    return Graph(tuple(unique_roots), order, params, key)
 
+
+def _walk(roots: tuple[Node, ...], data: str, scalar: str) -> tuple[tuple, tuple, tuple]:
+    """The post-order of every node ``roots`` need, the parameter leaves in first-use order, and
+    the wiring: the key must tell apart graphs whose nodes hash alike but are wired differently
+    (leaves hash by shape and dtype only), so it gets the parameter index of every leaf and, for
+    every edge into a node already walked, that node's post-order position. (In C when built:
+    lazy_core/_native.cpp.)"""
     order: list[Node] = []
     params: list[Node] = []
     param_pos: dict[int, int] = {}
-    # The key must tell apart graphs whose nodes hash alike but are wired differently (leaves
-    # hash by shape and dtype only): ``wiring`` gets the parameter index of every leaf and, for
-    # every edge into a node already walked, that node's post-order position.
     wiring: list[int] = []
     position: dict[int, int] = {}  # id(node) -> post-order position; -1 while on the stack
-    for root in unique_roots:
+    for root in roots:
         if id(root) in position:
             wiring.append(_back_ref(position[id(root)]))
             continue
@@ -104,12 +117,10 @@ def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
             stack.pop()
             position[id(node)] = len(order)
             order.append(node)
-            if node.op in PARAM_OPS:
+            if node.op == data or node.op == scalar:
                 ident = _param_identity(node)
                 if ident not in param_pos:
                     param_pos[ident] = len(params)
                     params.append(node)
                 wiring.append(param_pos[ident])
-
-    key = hash((tuple(r.hash for r in unique_roots), tuple(wiring), len(order), salt))
-    return Graph(tuple(unique_roots), tuple(order), tuple(params), key)
+    return tuple(order), tuple(params), tuple(wiring)

@@ -58,8 +58,6 @@ class Storage:
         self.set(value)
 
     def then(self, step: Any) -> Any:
-        from lazy_core.view import View  # view.py builds on this module
-
         return View(self, (step,))
 
     def set(self, node: Node) -> None:
@@ -89,3 +87,6 @@ def pending_storages(device: Any = None) -> list[Storage]:
     return [
         s for s in live_storages() if s.node.op != DATA and (device is None or s.device == device)
     ]
+
+
+from lazy_core.view import View  # last: view.py builds on this module

@@ -21,7 +21,7 @@ from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
 from lazy_torch.foreach import foreach_handler
-from lazy_torch.tensor import LazyTensor, _native, fresh, meta_of, wrap
+from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, meta_of, wrap
 from lazy_torch.views import STORAGE_RELATIVE, VIEWS
 
 Handler = Callable[[Any, tuple, dict], Any]
@@ -55,12 +55,15 @@ _FALLBACK_EXCEPTIONS = (
 )
 
 
-def special(*funcs: Any) -> Callable[[Handler], Handler]:
-    """Register a hand-written handler for ``funcs`` (copy_, _to_copy, sync points, ...)."""
+def special(*funcs: Any, native: tuple | None = None) -> Callable[[Handler], Handler]:
+    """Register a hand-written handler for ``funcs`` (copy_, _to_copy, sync points, ...);
+    ``native``: the C fast path's plan that does the same (see ``_native_plan``)."""
 
     def register(fn: Handler) -> Handler:
         for f in funcs:
             _handlers[id(f)] = fn
+            if native is not None and _native is not None:
+                _native.register(f, native)
         return fn
 
     return register
@@ -70,8 +73,10 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     handler = _handlers.get(id(func))
     if handler is None:
         handler = _handlers[id(func)] = _resolve(func)
-        if handler is recorded and _native is not None:
-            _native.register(func, _native_plan(func))
+        if _native is not None:
+            plan = _native_plan(func) if handler is recorded else getattr(handler, "native", None)
+            if plan is not None:
+                _native.register(func, plan)
     if _sites.recording:
         return _sites.call_attributed(handler, func, args, kwargs)
     return handler(func, args, kwargs)
@@ -109,14 +114,19 @@ def _is_numeric(t: Any) -> bool:
 _plans: dict[int, _Plan] = {}
 
 
+# Kinds of plan for the C fast path (lazy_core/_native.cpp): ``record`` an op, make a view from
+# the view memo, or share the argument's view (detach, alias). Other handlers have no plan.
+NATIVE_RECORD, NATIVE_VIEW, NATIVE_SHARE = 0, 1, 2
+
+
 def _native_plan(func: Any) -> tuple:
-    """What the C fast path needs to record ``func`` as ``record`` does (lazy_core/_native.cpp)."""
+    """What the C fast path needs to record ``func`` as ``record`` does."""
     plan = _plan(func)
     n = len(func._schema.arguments)
     operands = plan.scalars_are_operands
     mask = tuple(operands and i in plan.scalar_pos for i in range(n))
     names = plan.scalar_names if operands else frozenset()
-    return (plan.name, mask, names, _matmul_precision if plan.matmul else None)
+    return (NATIVE_RECORD, plan.name, mask, names, _matmul_precision if plan.matmul else None)
 
 
 def _plan(func: Any) -> _Plan:
@@ -183,7 +193,9 @@ def _cpu_scalar(t: torch.Tensor) -> tuple[Node, Any] | None:
         return None
     value = t.item()
     dtype = dtype_name(t.dtype)
-    node = constant(value, dtype, wrapped=False) if _is_constant(value) else scalar_leaf(value, dtype)
+    node = (
+        constant(value, dtype, wrapped=False) if _is_constant(value) else scalar_leaf(value, dtype)
+    )
     return node, ("cpu_scalar", t.dtype)
 
 
@@ -206,6 +218,8 @@ def _device_mismatch(a: str, b: str) -> None:
 
 
 _PLAIN = (int, str, type(None), bool, float)
+# Argument types that enter templates as their str.
+_STR_TYPES = (torch.device, torch.layout, torch.memory_format)
 
 
 def _attr(v: Any, ops: _Operands) -> Any:
@@ -218,7 +232,7 @@ def _attr(v: Any, ops: _Operands) -> Any:
         return tuple(_attr(x, ops) for x in v)
     if isinstance(v, torch.dtype):
         return dtype_name(v)
-    if isinstance(v, (torch.device, torch.layout, torch.memory_format)):
+    if isinstance(v, _STR_TYPES):
         return str(v)
     if isinstance(v, torch.Generator):
         return None
@@ -581,18 +595,29 @@ def _view_key(func: Any, args: tuple, kwargs: dict) -> tuple:
     return (str(func), plain(args), tuple((k, plain(v)) for k, v in kwargs.items()))
 
 
-def _view(build: Callable, storage_relative: bool) -> Handler:
+# View key -> (output Meta or Metas, view steps): a view's steps depend only on its arguments'
+# metadata, so one lookup replaces shape inference and building them.
+_view_cache: dict[tuple, tuple] = {}
+
+
+def _view(func: Any, build: Callable, storage_relative: bool) -> Handler:
     def handle(func: Any, args: tuple, kwargs: dict) -> Any:
         self = args[0]
-        meta = infer(func, args, kwargs, _view_key(func, args, kwargs))
-        single = _is_single(meta)
-        steps = build(args, kwargs, meta if single else list(meta), self._meta)
+        key = _view_key(func, args, kwargs)
+        entry = _view_cache.get(key)
+        if entry is None:
+            meta = infer(func, args, kwargs, key)
+            steps = build(args, kwargs, meta if _is_single(meta) else list(meta), self._meta)
+            entry = _view_cache[key] = (meta, tuple(steps))
+        meta, steps = entry
         parent = self._lazy
         if storage_relative:
             parent = parent.storage
-        outs = [wrap(parent.then(step), m) for step, m in zip(steps, [meta] if single else meta)]
-        return outs[0] if single else type(meta)(outs)
+        if _is_single(meta):
+            return wrap(parent.then(steps[0]), meta)
+        return type(meta)(wrap(parent.then(step), m) for step, m in zip(steps, meta))
 
+    handle.native = (NATIVE_VIEW, str(func), storage_relative)
     return handle
 
 
@@ -603,7 +628,7 @@ def _resolve(func: Any) -> Handler:
         if handler is not None:
             return handler
     if func in VIEWS:
-        return _view(VIEWS[func], func in STORAGE_RELATIVE)
+        return _view(func, VIEWS[func], func in STORAGE_RELATIVE)
     if runtime.has_lowering(name):
         return recorded
     functional = _functional_of(func)
@@ -637,4 +662,8 @@ if _native is not None:
         wrap=wrap,
         foreign=_cpu_scalar,
         operands=OPERANDS,
+        view_cache=_view_cache,
+        make_wrapper=torch.Tensor._make_wrapper_subclass,
+        devices=tuple(DEVICES),
+        str_types=_STR_TYPES,
     )

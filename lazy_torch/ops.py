@@ -7,7 +7,15 @@ from typing import Any
 import torch
 
 from lazy_torch import rng, sites
-from lazy_torch.dispatch import assign, assign_node, become, dispatch, record, special
+from lazy_torch.dispatch import (
+    NATIVE_SHARE,
+    assign,
+    assign_node,
+    become,
+    dispatch,
+    record,
+    special,
+)
 from lazy_torch.dispatch import recorded as _recorded_or_fallback
 from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, upload, wrap
 
@@ -60,7 +68,7 @@ for _name in _FACTORIES:
     _lib.impl(_name, _factory(getattr(getattr(aten, _packet), _overload or "default")), "Lazy")
 
 
-@special(aten.detach.default, aten.alias.default)
+@special(aten.detach.default, aten.alias.default, native=(NATIVE_SHARE,))  # C does the same
 def _share(func, args, kwargs):
     # Identity views share the storage: a write through either is seen by both.
     t = args[0]

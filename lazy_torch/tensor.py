@@ -24,7 +24,8 @@ if runtime.config.NATIVE:
 Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]
 
 
-_DEVICES = [torch.device("lazy", i) for i in range(64)]
+# torch.device objects of lazy:0 .. lazy:63, made once.
+DEVICES = [torch.device("lazy", i) for i in range(64)]
 
 
 class LazyTensor(torch.Tensor):
@@ -41,7 +42,7 @@ class LazyTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, view: View, meta: Meta, requires_grad: bool = False) -> LazyTensor:
         shape, stride, offset, dtype = meta
-        device = _DEVICES[view.device]
+        device = DEVICES[view.device]
         # Keyword arguments cost their parsing: the common dense case passes only what it must.
         if offset or requires_grad or stride != _dense_stride(shape):
             r = torch.Tensor._make_wrapper_subclass(

@@ -1,0 +1,105 @@
+"""The C extension (lazy_core/_native.cpp) against its Python twins: Node and the graph walk."""
+
+import gc
+import random
+import weakref
+
+import pytest
+
+from lazy_core import graph, ir
+from lazy_core.ir import DATA, SCALAR, Operand, PyNode
+
+_native = pytest.importorskip("lazy_core._native")
+Node = _native.Node
+
+
+def _pair(op, src, arg, dtype, shape, payload=None):
+    """The same node built by the C type and by the Python twin (on twin sources)."""
+    c = Node(op, tuple(s[0] for s in src), arg, dtype, shape, payload=payload)
+    p = PyNode(op, tuple(s[1] for s in src), arg, dtype, shape, payload)
+    return c, p
+
+
+def test_node_matches_python_twin():
+    a = _pair(DATA, (), None, "float32", (4, 5), payload="buffer")
+    s = _pair(SCALAR, (), None, "float64", (), payload=0.5)
+    add = _pair("aten.add.Tensor", (a, s), ((Operand(0), Operand(1)), ()), "float32", (4, 5))
+    multi = _pair("aten.max.dim", (add,), ((Operand(0), 1), ()), ("float32", "int64"), ((4,), (4,)))
+    for c, p in (a, s, add, multi):
+        assert c.hash == p.hash
+        assert repr(c) == repr(p)
+        assert c.num_outputs == p.num_outputs
+        for name in ("op", "arg", "dtype", "shape", "payload", "site"):
+            assert getattr(c, name) == getattr(p, name)
+    assert add[0].src == (a[0], s[0])
+    assert multi[0].num_outputs == 2
+    # Hashes of big sources: a Python int's hash is taken modulo 2**61 - 1.
+    deep = add
+    for _ in range(50):
+        deep = _pair("aten.neg.default", (deep,), ((Operand(0),), ()), "float32", (4, 5))
+        assert deep[0].hash == deep[1].hash
+
+
+def test_node_construction_errors_and_attributes():
+    a = Node(DATA, (), None, "float32", (2,), payload=1)
+    with pytest.raises(TypeError):
+        Node("aten.neg.default", [a], None, "float32", (2,))  # src must be a tuple
+    with pytest.raises(TypeError):
+        Node("aten.neg.default", ("not a node",), None, "float32", (2,))
+    with pytest.raises(TypeError):
+        Node("aten.neg.default", (a,), [], "float32", (2,))  # unhashable argument
+    with pytest.raises(TypeError):
+        Node("aten.neg.default", (a,), None, "float32")
+    a.site = "model.py:3"
+    assert a.site == "model.py:3"
+    ref = weakref.ref(a)
+    del a
+    gc.collect()
+    assert ref() is None
+
+
+def test_nodes_record_the_attributed_site():
+    previous = ir.attribute_to("train.py:12")
+    try:
+        assert Node(DATA, (), None, "float32", (2,)).site == "train.py:12"
+        assert ir.current_site() == "train.py:12"
+    finally:
+        ir.attribute_to(previous)
+    assert Node(DATA, (), None, "float32", (2,)).site is None
+
+
+def test_a_long_chain_frees_without_recursing():
+    x = Node(DATA, (), None, "float32", (2,))
+    first = weakref.ref(x)
+    for _ in range(300_000):
+        x = Node("aten.neg.default", (x,), None, "float32", (2,))
+    del x
+    assert first() is None
+
+
+def _random_graph(rng: random.Random, n: int) -> list:
+    buffers = [f"buffer{i}" for i in range(4)]
+    nodes = []
+    for i in range(n):
+        kind = rng.random()
+        if kind < 0.2 or len(nodes) < 2:
+            nodes.append(Node(DATA, (), None, "float32", (2,), payload=rng.choice(buffers)))
+        elif kind < 0.3:
+            nodes.append(Node(SCALAR, (), None, "float64", (), payload=rng.random()))
+        else:
+            src = tuple(rng.choice(nodes) for _ in range(rng.randint(1, 3)))
+            nodes.append(Node(f"op{i % 3}", src, None, "float32", (2,)))
+    return nodes
+
+
+def test_walk_matches_python_twin():
+    rng = random.Random(0)
+    for _ in range(30):
+        nodes = _random_graph(rng, rng.randint(3, 60))
+        roots = tuple(rng.choice(nodes) for _ in range(rng.randint(1, 6)))
+        assert _native.walk(roots, DATA, SCALAR) == graph._walk(roots, DATA, SCALAR)
+
+
+def test_walk_rejects_non_nodes():
+    with pytest.raises(AttributeError):
+        _native.walk((object(),), DATA, SCALAR)

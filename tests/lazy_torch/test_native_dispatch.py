@@ -1,0 +1,96 @@
+"""The C recording fast path records exactly what the Python path records, and hands back
+everything it does not handle (errors included)."""
+
+import pytest
+import torch
+
+import lazy_torch
+from lazy_torch import dispatch as python_path
+
+_native = pytest.importorskip("lazy_core._native")
+aten = torch.ops.aten
+
+# (op, args builder from (x, y, w) lazy tensors, kwargs)
+CASES = [
+    (aten.add.Tensor, lambda x, y, w: (x, y), {}),
+    (aten.add.Tensor, lambda x, y, w: (x, y), {"alpha": 2.5}),
+    (aten.add.Tensor, lambda x, y, w: (x, torch.tensor(3.0)), {}),  # a wrapped number
+    (aten.mul.Tensor, lambda x, y, w: (x, torch.tensor(1)), {}),  # the constant 1
+    (aten.sub.Tensor, lambda x, y, w: (x, y), {"alpha": -0.0}),  # -0.0 is no constant
+    (aten.mul.Scalar, lambda x, y, w: (x, 7), {}),
+    (aten.pow.Tensor_Scalar, lambda x, y, w: (x, 2), {}),
+    (aten.relu.default, lambda x, y, w: (x,), {}),
+    (aten.sum.dim_IntList, lambda x, y, w: (x, [1], True), {}),
+    (aten.sum.dim_IntList, lambda x, y, w: (x, [0]), {"dtype": torch.float64}),
+    (aten.clone.default, lambda x, y, w: (x,), {"memory_format": torch.contiguous_format}),
+    (aten.mm.default, lambda x, y, w: (x, w), {}),
+    (aten.cat.default, lambda x, y, w: ([x, y], 1), {}),
+    (aten.where.self, lambda x, y, w: (x > 0, x, y), {}),
+    (aten.view.default, lambda x, y, w: (x, [3, 4]), {}),
+    (aten.t.default, lambda x, y, w: (x,), {}),
+    (aten.transpose.int, lambda x, y, w: (x, 0, 1), {}),
+    (aten.expand.default, lambda x, y, w: (x[:1], [4, 3]), {}),
+    (aten.slice.Tensor, lambda x, y, w: (x, 1, 0, 2), {}),
+    (aten.split.Tensor, lambda x, y, w: (x, 2), {}),
+    (aten.unbind.int, lambda x, y, w: (x,), {}),
+    (aten.as_strided.default, lambda x, y, w: (x, [2, 2], [1, 2], 1), {}),
+    (aten.detach.default, lambda x, y, w: (x,), {}),
+]
+
+
+def _lazy_inputs():
+    torch.manual_seed(0)
+    x, y, w = torch.randn(4, 3), torch.randn(4, 3), torch.randn(3, 5)
+    return (x, y, w), tuple(t.to("lazy") for t in (x, y, w))
+
+
+def _outputs(out):
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_fast_path_records_what_the_python_path_records(case):
+    func, build, kwargs = CASES[case]
+    cpu_inputs, lazy_inputs = _lazy_inputs()
+    args = build(*lazy_inputs)
+    func(*args, **kwargs)  # the first call resolves the op and fills the memos
+    before = _native.stats()["native"]
+    fast = _outputs(func(*args, **kwargs))
+    assert _native.stats()["native"] == before + 1, "the op was not recorded in C"
+    slow = _outputs(python_path.dispatch(func, args, dict(kwargs)))
+    assert len(fast) == len(slow)
+    for f, s in zip(fast, slow):
+        assert type(f) is type(s)
+        assert f._meta == s._meta
+        assert f._lazy.steps == s._lazy.steps
+        assert f._lazy.node.hash == s._lazy.node.hash
+        assert (f.shape, f.stride(), f.dtype, f.device) == (s.shape, s.stride(), s.dtype, s.device)
+    expected = _outputs(func(*build(*cpu_inputs), **kwargs))
+    lazy_torch.mark_step()
+    for f, e in zip(fast, expected):
+        torch.testing.assert_close(f.cpu(), e)
+
+
+def test_errors_come_from_the_python_path():
+    x = torch.randn(4, 3, device="lazy")
+    x + x  # cached shapes for (4, 3) + (4, 3)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        x + torch.randn(5, 3, device="lazy")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x + torch.randn(4, 3)
+
+
+def test_sites_are_recorded_on_the_python_path():
+    x = torch.randn(4, 3, device="lazy")
+    x * 2.0
+    previous = lazy_torch.debug.record_sites(True)
+    try:
+        y = x * 2.0
+    finally:
+        lazy_torch.debug.record_sites(previous)
+    assert y._lazy.node.site.endswith(f"test_native_dispatch.py:{_line_of('y = x * 2.0')}")
+
+
+def _line_of(text: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if line.strip() == text)
