@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import queue
 import sys
@@ -37,6 +38,13 @@ class Executable:
 
 _cache: dict[Any, Executable] = {}
 _in_flight: list[jax.Array] = []
+
+# Outputs of parameter-free graphs by key. Such a graph computes the same values every time
+# (transformers checks a mask derived from an arange at every step), so a sync on it reuses them
+# instead of waiting behind the work queued on the device. Their buffers are never donated.
+_constant_results: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+_constant_buffers: set[int] = set()  # ids of the cached output buffers
+_CONSTANT_RESULTS = 64  # most recently used kept
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,6 +194,19 @@ def run_graph(
     an integer division by zero) before returning, so the caller keeps every previous value; with
     ``defer_checks`` it returns without waiting and ``check_errors`` raises the error later.
     """
+    if not graph.params:
+        found = _constant_results.get(graph.key)
+        if found is not None:
+            _constant_results.move_to_end(graph.key)
+            metrics.count("constant_results_reused")
+            if metrics.listening():
+                n = len(graph.nodes)
+                metrics.event(
+                    metrics.GraphEvent("execute", cause, site, graph.key, n, 0.0, "reuse")
+                )
+            return found
+    if donate and _constant_buffers:
+        donate = tuple(i for i in donate if id(graph.params[i].payload) not in _constant_buffers)
     key = (graph.key, donate)
     exe = _cache.get(key)
     hit = exe is not None
@@ -216,7 +237,17 @@ def run_graph(
         _unchecked.append((checks, exe.errors))
         if not defer_checks:
             check_errors()
+    elif not graph.params:
+        _keep_constant(graph.key, tuple(outputs))
     return tuple(outputs)
+
+
+def _keep_constant(key: int, outputs: tuple) -> None:
+    _constant_results[key] = outputs
+    _constant_buffers.update(id(o) for o in outputs)
+    if len(_constant_results) > _CONSTANT_RESULTS:
+        _, evicted = _constant_results.popitem(last=False)
+        _constant_buffers.difference_update(id(o) for o in evicted)
 
 
 class _ExecutionTimer:
@@ -312,8 +343,11 @@ def stablehlo_text(graph: Graph, device_index: int) -> str:
 
 
 def drop_cache() -> None:
-    """Forget every compiled executable (and the recompile history) of this process."""
+    """Forget every compiled executable, reused result and the recompile history of this
+    process."""
     _cache.clear()
+    _constant_results.clear()
+    _constant_buffers.clear()
     history.reset()
 
 

@@ -75,7 +75,8 @@ class GraphEvent:
     ``cause`` is what cut the graph (mark_step, item, print, cpu, fallback, ...); ``site`` the
     user's ``file:line`` that caused it. A compile's ``seconds`` is its compile time and ``cache``
     says ``"miss"`` (XLA compiled) or ``"persistent"`` (loaded from LAZY_CACHE_DIR); an execution's
-    ``seconds`` is its host dispatch time and ``cache`` is ``"hit"`` or ``"new"``. ``reason`` says
+    ``seconds`` is its host dispatch time and ``cache`` is ``"hit"`` or ``"new"``, or ``"reuse"``
+    for a parameter-free graph whose earlier results were reused (nothing ran). ``reason`` says
     why a site that compiled before compiled again.
     """
 
@@ -102,6 +103,8 @@ class GraphEvent:
             tail = f"{what} in {self.seconds * 1e3:.1f} ms"
             if self.reason:
                 tail += f"; recompile: {self.reason}"
+        elif self.cache == "reuse":
+            tail = "parameter-free: its earlier results reused"
         else:
             tail = f"{'cache hit' if self.cache == 'hit' else 'new executable'}, dispatched in "
             tail += f"{self.seconds * 1e3:.2f} ms"

@@ -214,3 +214,22 @@ def test_a_transfer_copies_so_later_writes_to_the_cpu_source_do_not_leak():
     batch.fill_(5)
     assert moved.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert moved_batch.sum().item() == 0.0
+
+
+def test_parameter_free_syncs_reuse_their_results_and_never_donate_them():
+    # transformers' mask check: a value derived from an arange, read at every step.
+    def check():
+        positions = torch.arange(6, device="lazy").unsqueeze(0)
+        return bool((torch.diff(positions, dim=-1) == 1).all())
+
+    assert check() and check()
+    counters = lazy_torch.metrics.counters()
+    assert counters["executions"] == 1 and counters["constant_results_reused"] == 1
+    # A tensor holding a kept buffer, then overwritten by a step: the buffer must not be donated.
+    y = torch.arange(4.0, device="lazy").neg()
+    assert y.tolist() == [0.0, -1.0, -2.0, -3.0]
+    y.add_(1)
+    lazy_torch.mark_step(wait=True)
+    assert y.tolist() == [1.0, 0.0, -1.0, -2.0]
+    assert torch.arange(4.0, device="lazy").neg().tolist() == [0.0, -1.0, -2.0, -3.0]
+    assert lazy_torch.metrics.counters()["constant_results_reused"] == 2
