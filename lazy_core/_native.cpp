@@ -261,50 +261,60 @@ PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device) {
 }
 
 // The whole op, or nullptr to hand it to the Python path.
-PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
-    PyObject* name = PyTuple_GET_ITEM(plan, 1);
+// The template of one call of a RECORD plan's op and its memoized Meta (borrowed), the Python
+// path's _template and infer; ops.keys from ``first`` on are this call's.
+bool templated(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops,
+               Py_ssize_t first, Ref& args_t, Ref& kwargs_t, PyObject** meta) {
     PyObject* mask = PyTuple_GET_ITEM(plan, 2);
     PyObject* scalar_names = PyTuple_GET_ITEM(plan, 3);
-    PyObject* precision = PyTuple_GET_ITEM(plan, 4);
-    Operands ops;
-    if (!ops.srcs || !ops.keys) return nullptr;
-
     Py_ssize_t n = PyTuple_GET_SIZE(args);
-    Ref args_t(PyTuple_New(n));
-    if (!args_t) return nullptr;
+    args_t.p = PyTuple_New(n);
+    if (!args_t) return false;
     Py_ssize_t slots = PyTuple_GET_SIZE(mask);
     for (Py_ssize_t i = 0; i < n; i++) {
         bool scalar_slot = i < slots && PyTuple_GET_ITEM(mask, i) == Py_True;
         PyObject* e = entry(ops, PyTuple_GET_ITEM(args, i), scalar_slot);
-        if (e == nullptr) return nullptr;
+        if (e == nullptr) return false;
         PyTuple_SET_ITEM(args_t.p, i, e);
     }
     Py_ssize_t nk = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
-    Ref kwargs_t(PyTuple_New(nk));
-    if (!kwargs_t) return nullptr;
+    kwargs_t.p = PyTuple_New(nk);
+    if (!kwargs_t) return false;
     if (nk) {
         Py_ssize_t pos = 0, i = 0;
         PyObject *k, *v;
         while (PyDict_Next(kwargs, &pos, &k, &v)) {
             int scalar_slot = PySet_Contains(scalar_names, k);
-            if (scalar_slot < 0) return nullptr;
+            if (scalar_slot < 0) return false;
             PyObject* e = entry(ops, v, scalar_slot == 1);
-            if (e == nullptr) return nullptr;
+            if (e == nullptr) return false;
             PyObject* pair = PyTuple_Pack(2, k, e);
             Py_DECREF(e);
-            if (pair == nullptr) return nullptr;
+            if (pair == nullptr) return false;
             PyTuple_SET_ITEM(kwargs_t.p, i++, pair);
         }
     }
-    if (!ops.device) return nullptr;  // factories take their device from keywords
+    Ref keys(PyList_GetSlice(ops.keys.p, first, PyList_GET_SIZE(ops.keys.p)));
+    if (!keys) return false;
+    PyObject* keys_t = PyList_AsTuple(keys.p);
+    if (keys_t == nullptr) return false;
+    Ref key(Py_BuildValue("(OOON)", PyTuple_GET_ITEM(plan, 1), args_t.p, kwargs_t.p, keys_t));
+    if (!key) return false;
+    *meta = PyDict_GetItemWithError(cfg.meta_cache, key.p);
+    return *meta != nullptr;
+}
 
-    Ref keys(PyList_AsTuple(ops.keys.p));
-    if (!keys) return nullptr;
-    Ref key(PyTuple_Pack(4, name, args_t.p, kwargs_t.p, keys.p));
-    if (!key) return nullptr;
-    PyObject* meta = PyDict_GetItemWithError(cfg.meta_cache, key.p);  // borrowed
+PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
+    PyObject* name = PyTuple_GET_ITEM(plan, 1);
+    PyObject* precision = PyTuple_GET_ITEM(plan, 4);
+    Operands ops;
+    if (!ops.srcs || !ops.keys) return nullptr;
+    Ref args_t, kwargs_t;
+    PyObject* meta;
     PyObject* dtype_name;
-    if (meta == nullptr || !is_single_meta(meta, &dtype_name)) return nullptr;
+    if (!templated(plan, args, kwargs, ops, 0, args_t, kwargs_t, &meta)) return nullptr;
+    if (!ops.device) return nullptr;  // factories take their device from keywords
+    if (!is_single_meta(meta, &dtype_name)) return nullptr;
 
     if (precision != Py_None) {  // matmuls record the float32 precision in force
         Ref p(PyObject_CallNoArgs(precision));
@@ -325,6 +335,51 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     Ref storage(PyObject_Vectorcall(cfg.storage, storage_args, 2, nullptr));
     if (!storage) return nullptr;
     return make_tensor(storage.p, meta, ops.device.p);
+}
+
+// elements(plan, calls): the operands, per-call templates and Metas of a foreach op's element
+// calls ``[(args, kwargs), ...]`` sharing one operand list (lazy_torch's record_elements), or
+// None where the Python path must do it.
+PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 5 ||
+        !PyList_CheckExact(argv[1])) {
+        PyErr_SetString(PyExc_TypeError, "elements(record plan, [(args, kwargs), ...])");
+        return nullptr;
+    }
+    PyObject* plan = argv[0];
+    PyObject* calls = argv[1];
+    Operands ops;
+    Py_ssize_t n = PyList_GET_SIZE(calls);
+    Ref templates(PyTuple_New(n)), metas(PyList_New(n));
+    bool ok = ops.srcs && ops.keys && templates && metas;
+    for (Py_ssize_t e = 0; ok && e < n; e++) {
+        PyObject* call = PyList_GET_ITEM(calls, e);
+        if (!PyTuple_CheckExact(call) || PyTuple_GET_SIZE(call) != 2 ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(call, 0)) ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(call, 1))) {
+            ok = false;
+            break;
+        }
+        PyObject* kwargs = PyTuple_GET_ITEM(call, 1);
+        Ref args_t, kwargs_t;
+        PyObject* meta;
+        ok = templated(plan, PyTuple_GET_ITEM(call, 0), PyDict_GET_SIZE(kwargs) ? kwargs : nullptr,
+                       ops, PyList_GET_SIZE(ops.keys.p), args_t, kwargs_t, &meta);
+        if (!ok) break;
+        PyObject* pair = PyTuple_Pack(2, args_t.p, kwargs_t.p);
+        ok = pair != nullptr;
+        if (!ok) break;
+        PyTuple_SET_ITEM(templates.p, e, pair);
+        Py_INCREF(meta);
+        PyList_SET_ITEM(metas.p, e, meta);
+    }
+    if (!ok || !ops.device) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Ref srcs(PyList_AsTuple(ops.srcs.p));
+    if (!srcs) return nullptr;
+    return PyTuple_Pack(4, srcs.p, templates.p, metas.p, ops.device.p);
 }
 
 // A view op's memo key entry for one argument (the Python path's _view_key): a lazy tensor is
@@ -831,6 +886,8 @@ PyObject* stats(PyObject*, PyObject*) {
 }
 
 PyMethodDef methods[] = {
+    {"elements", (PyCFunction)(void (*)(void))elements, METH_FASTCALL,
+     "elements(plan, calls) -> (srcs, templates, metas, device) or None: a foreach op's elements."},
     {"stats", (PyCFunction)stats, METH_NOARGS,
      "Ops dispatch() recorded in C and ops it handed to the Python path, since import."},
     {"attribute_to", (PyCFunction)attribute_to, METH_O,

@@ -121,6 +121,16 @@ NATIVE_RECORD, NATIVE_VIEW, NATIVE_SHARE = 0, 1, 2
 
 def _native_plan(func: Any) -> tuple:
     """What the C fast path needs to record ``func`` as ``record`` does."""
+    native = _native_plans.get(id(func))
+    if native is None:
+        native = _native_plans[id(func)] = _make_native_plan(func)
+    return native
+
+
+_native_plans: dict[int, tuple] = {}
+
+
+def _make_native_plan(func: Any) -> tuple:
     plan = _plan(func)
     n = len(func._schema.arguments)
     operands = plan.scalars_are_operands
@@ -389,27 +399,39 @@ def record_elements(func: Any, calls: list[tuple[tuple, dict]], targets: list | 
     plan = _plan(func)
     if plan.matmul:
         return None
-    ops = _Operands()
-    templates, metas = [], []
-    for i, (args, kwargs) in enumerate(calls):
-        start = len(ops.keys)
-        args_t, kwargs_t = _template(plan, args, kwargs, ops)
-        meta = infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys[start:])))
+    found = None if _native is None else _native.elements(_native_plan(func), calls)
+    if found is None:
+        found = _elements(func, plan, calls)
+    srcs, templates, metas, device = found
+    for i, meta in enumerate(metas):
         if not _is_single(meta) or not meta[3].is_floating_point:
             return None
         if targets is not None:
             target = targets[i]
             if type(target) is not LazyTensor or (meta[0], meta[3]) != target._meta[::3]:
                 return None
-        templates.append((args_t, kwargs_t))
-        metas.append(meta)
-    arg = ((plan.name, tuple(templates)), ())
+    arg = ((plan.name, templates), ())
     if targets is None:
-        return _wrap_outputs(FOREACH, tuple(ops.srcs), arg, metas, ops.device)
-    node = _multi_node(FOREACH, tuple(ops.srcs), arg, metas)
+        return _wrap_outputs(FOREACH, srcs, arg, metas, device)
+    node = _multi_node(FOREACH, srcs, arg, metas)
     for i, target in enumerate(targets):
         assign_node(target, getitem(node, i))
     return targets
+
+
+def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
+    """The operands, per-call templates and Metas of ``calls`` of ``func`` sharing one operand
+    list, and their device (in C when built: ``_native.elements``)."""
+    ops = _Operands()
+    templates, metas = [], []
+    for args, kwargs in calls:
+        start = len(ops.keys)
+        args_t, kwargs_t = _template(plan, args, kwargs, ops)
+        metas.append(
+            infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys[start:])))
+        )
+        templates.append((args_t, kwargs_t))
+    return tuple(ops.srcs), tuple(templates), metas, ops.device
 
 
 def _multi_node(op: str, srcs: tuple, arg: Any, metas: Any) -> Node:
