@@ -46,12 +46,21 @@ def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
 
 
 def _sync(storages: Iterable[Storage], cause: str, donate: bool) -> None:
-    # An out-of-range index in an earlier, asynchronous step surfaces at the next barrier.
-    runtime.check_errors(wait=cause != "mark_step")
     by_device: dict[int, list[Storage]] = {}
+    computed = False
     for s in storages:
         if s.pending:
             by_device.setdefault(s.device, []).append(s)
+        else:
+            computed = True
+    graphs = {
+        device: cut_graph([s.node for s in group], salt=("device", device))
+        for device, group in by_device.items()
+    }
+    # An out-of-range index in an earlier, asynchronous step surfaces at the next barrier; a read
+    # waits for it unless what it reads depends on no earlier step (no device data at all).
+    reads_data = computed or any(p.op == DATA for g in graphs.values() for p in g.params)
+    runtime.check_errors(wait=cause != "mark_step" and reads_data)
     if not by_device:
         return
     site = user_site()
@@ -60,7 +69,7 @@ def _sync(storages: Iterable[Storage], cause: str, donate: bool) -> None:
     held = {id(s.node.payload) for s in live_storages() if not s.pending} if donate else set()
     for device, group in by_device.items():
         roots = [s.node for s in group]
-        graph = cut_graph(roots, salt=("device", device))
+        graph = graphs[device]
         donated = _donatable(graph, held) if donate else ()
         outputs = runtime.run_graph(
             graph, device, donated, cause, defer_checks=cause == "mark_step", site=site

@@ -66,6 +66,17 @@ def test_a_failed_check_keeps_values_and_an_async_step_reports_at_the_next_barri
     torch.testing.assert_close(w.cpu(), X + 1)
 
 
+def test_reading_a_value_of_a_step_that_failed_its_check_raises():
+    x = X.to("lazy")
+    z = x[torch.tensor([9], device="lazy")]
+    total = x.sum()
+    lazy_torch.mark_step()  # asynchronous; total is computed by the failing graph
+    with pytest.raises(IndexError, match="index 9 is out of bounds"):
+        total.item()
+    del z
+    assert total.item() == pytest.approx(float(X.sum()))  # reported once
+
+
 DIVISIONS = {
     "floor_divide": lambda a, b: a // b,
     "trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
