@@ -186,15 +186,18 @@ PyObject* named(PyObject* v) {
     return nullptr;
 }
 
-// A non-Scalar argument as a hashable template entry (the Python path's _attr).
-PyObject* attr(Operands& ops, PyObject* v) {
+// A non-Scalar argument as a hashable entry. In a template (``ops`` given; the Python path's
+// _attr) a lazy tensor becomes an operand; in a view's memo key (``ops`` null; _view_key) it is
+// its Meta. Sequences become tuples, dtypes their names, other plain values stay themselves.
+PyObject* attr(Operands* ops, PyObject* v) {
     PyTypeObject* t = Py_TYPE(v);
     if (t == &PyLong_Type || t == &PyUnicode_Type || v == Py_None || t == &PyBool_Type ||
         t == &PyFloat_Type) {
         Py_INCREF(v);
         return v;
     }
-    if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.tensor_type)) return lazy_operand(ops, v);
+    if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.tensor_type))
+        return ops ? lazy_operand(*ops, v) : PyObject_GetAttr(v, s_meta);
     if (PyTuple_Check(v) || PyList_Check(v)) {
         Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
         PyObject** items = PySequence_Fast_ITEMS(v);
@@ -207,7 +210,8 @@ PyObject* attr(Operands& ops, PyObject* v) {
         }
         return out.release();
     }
-    if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.foreign_type)) return foreign_operand(ops, v);
+    if (ops && PyObject_TypeCheck(v, (PyTypeObject*)cfg.foreign_type))
+        return foreign_operand(*ops, v);
     return named(v);
 }
 
@@ -217,7 +221,7 @@ PyObject* entry(Operands& ops, PyObject* v, bool scalar_slot) {
         int kind = number_kind(v);
         if (kind >= 0) return scalar_operand(ops, v, kind);
     }
-    return attr(ops, v);
+    return attr(&ops, v);
 }
 
 bool is_single_meta(PyObject* meta, PyObject** dtype_name) {
@@ -382,36 +386,11 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     return PyTuple_Pack(4, srcs.p, templates.p, metas.p, ops.device.p);
 }
 
-// A view op's memo key entry for one argument (the Python path's _view_key): a lazy tensor is
-// its Meta; sequences become tuples; dtypes their names; other plain values themselves.
-PyObject* view_plain(PyObject* v) {
-    PyTypeObject* t = Py_TYPE(v);
-    if (t == &PyLong_Type || t == &PyUnicode_Type || v == Py_None || t == &PyBool_Type ||
-        t == &PyFloat_Type) {
-        Py_INCREF(v);
-        return v;
-    }
-    if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.tensor_type)) return PyObject_GetAttr(v, s_meta);
-    if (PyTuple_Check(v) || PyList_Check(v)) {
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
-        PyObject** items = PySequence_Fast_ITEMS(v);
-        Ref out(PyTuple_New(n));
-        if (!out) return nullptr;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject* e = view_plain(items[i]);
-            if (e == nullptr) return nullptr;
-            PyTuple_SET_ITEM(out.p, i, e);
-        }
-        return out.release();
-    }
-    return named(v);
-}
-
 PyObject* view(PyObject* plan, PyObject* args, PyObject* kwargs) {
     if (PyTuple_GET_SIZE(args) < 1 ||
         !PyObject_TypeCheck(PyTuple_GET_ITEM(args, 0), (PyTypeObject*)cfg.tensor_type))
         return nullptr;
-    Ref args_k(view_plain(args));
+    Ref args_k(attr(nullptr, args));
     if (!args_k) return nullptr;
     Py_ssize_t nk = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
     Ref kwargs_k(PyTuple_New(nk));
@@ -420,7 +399,7 @@ PyObject* view(PyObject* plan, PyObject* args, PyObject* kwargs) {
         Py_ssize_t pos = 0, i = 0;
         PyObject *k, *v;
         while (PyDict_Next(kwargs, &pos, &k, &v)) {
-            Ref e(view_plain(v));
+            Ref e(attr(nullptr, v));
             if (!e) return nullptr;
             PyObject* pair = PyTuple_Pack(2, k, e.p);
             if (pair == nullptr) return nullptr;
