@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -72,6 +73,27 @@ class LazyTensor(torch.Tensor):
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride) -> LazyTensor:
         return wrap(*ctx)
+
+    def __deepcopy__(self, memo: dict) -> LazyTensor:
+        # PyTorch's version clones a lazy tensor, then deep-copies the instance dict over the
+        # clone, which would copy the IR graph instead of keeping the clone's own value.
+        if id(self) in memo:
+            return memo[id(self)]
+        if not self.is_leaf:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                "protocol at the moment."
+            )
+        with torch.no_grad():
+            new = self.clone()
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_lazy", "_meta")}
+        new.__dict__.update(copy.deepcopy(state, memo))
+        memo[id(self)] = new
+        return new
 
     @property
     def data(self) -> torch.Tensor:

@@ -1,5 +1,7 @@
 """Lazy tensors against eager CPU: creation, sync points, printing, errors, fallback."""
 
+import copy
+
 import pytest
 import torch
 
@@ -233,3 +235,21 @@ def test_parameter_free_syncs_reuse_their_results_and_never_donate_them():
     assert y.tolist() == [1.0, 0.0, -1.0, -2.0]
     assert torch.arange(4.0, device="lazy").neg().tolist() == [0.0, -1.0, -2.0, -3.0]
     assert lazy_torch.metrics.counters()["constant_results_reused"] == 2
+
+
+def test_deepcopy_copies_values_not_the_graph():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    model = copy.deepcopy(cpu).to("lazy")
+    model(torch.randn(4, 3, device="lazy")).sum().backward()  # pending grads
+    clone = copy.deepcopy(model)
+    for p, q in zip(model.parameters(), clone.parameters()):
+        assert type(q) is type(p) and q.requires_grad and q._is_param
+        torch.testing.assert_close(q.grad.cpu(), p.grad.cpu())
+    with torch.no_grad():
+        model[0].weight.add_(1)  # the copy has its own value
+    torch.testing.assert_close(clone[0].weight.cpu(), cpu[0].weight)
+    view = (torch.randn(4, 4, device="lazy") * 2).t()
+    copied = copy.deepcopy(view)
+    assert copied.stride() == view.stride()
+    torch.testing.assert_close(copied.cpu(), view.cpu())
