@@ -580,6 +580,10 @@ struct NodeObject {
     PyObject *op, *src, *arg, *dtype, *shape, *payload, *site;
     Py_hash_t hash;
     PyObject* weakrefs;
+    // The graph walk's marks: the walk that last reached this node, and the node's post-order
+    // position in it (-1 while on its stack). No map from nodes to positions is needed.
+    unsigned long long walk;
+    Py_ssize_t position;
 };
 
 // CPython's tuple hash (xxHash-based, 3.8+) over the given lanes, so a node hashes exactly as
@@ -663,6 +667,8 @@ PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyO
     }
     self->hash = h.done();
     self->weakrefs = nullptr;
+    self->walk = 0;
+    self->position = -1;
     PyObject_GC_Track(self);
     return (PyObject*)self;
 }
@@ -762,7 +768,8 @@ PyObject* get_current_site(PyObject*, PyObject*) {
 // The graph cut's walk (lazy_core/graph.py: _walk, which it mirrors): post-order from the roots,
 // parameters by first use, and the wiring that tells apart graphs whose nodes hash alike.
 
-PyObject *s_src, *s_op, *s_payload;
+
+unsigned long long walks = 0;  // numbers the walks; a node's ``walk`` says which reached it
 
 PyObject* walk(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     if (nargs != 3 || !PyTuple_Check(argv[0])) {
@@ -772,77 +779,66 @@ PyObject* walk(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     PyObject* roots = argv[0];
     PyObject* data_op = argv[1];
     PyObject* scalar_op = argv[2];
+    const unsigned long long epoch = ++walks;
     auto is = [](PyObject* a, PyObject* b) -> int {
         return a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
+    };
+    auto as_node = [](PyObject* o) -> NodeObject* {
+        if (!PyObject_TypeCheck(o, &NodeType) || ((NodeObject*)o)->src == nullptr ||
+            !PyTuple_Check(((NodeObject*)o)->src) || ((NodeObject*)o)->op == nullptr) {
+            PyErr_SetString(PyExc_TypeError, "walk: the graph holds something that is not a Node");
+            return nullptr;
+        }
+        return (NodeObject*)o;
     };
     Ref order(PyList_New(0)), params(PyList_New(0));
     if (!order || !params) return nullptr;
     std::vector<Py_ssize_t> wiring;
-    std::unordered_map<PyObject*, Py_ssize_t> position, param_pos;  // borrowed: roots keep them
+    std::unordered_map<PyObject*, Py_ssize_t> param_pos;  // borrowed: the roots keep them alive
     struct Frame {
-        PyObject* node;
-        PyObject* src;  // owned
+        NodeObject* node;
         Py_ssize_t i;
     };
     std::vector<Frame> stack;
-    auto fail = [&]() -> PyObject* {
-        for (Frame& f : stack) Py_DECREF(f.src);
-        return nullptr;
-    };
-    auto push = [&](PyObject* node) -> bool {
-        PyObject* src = PyObject_GetAttr(node, s_src);
-        if (src == nullptr) return false;
-        if (!PyTuple_Check(src)) {
-            Py_DECREF(src);
-            PyErr_SetString(PyExc_TypeError, "Node.src must be a tuple");
-            return false;
-        }
-        position[node] = -1;
-        stack.push_back({node, src, 0});
-        return true;
+    auto push = [&](NodeObject* node) {
+        node->walk = epoch;
+        node->position = -1;
+        stack.push_back({node, 0});
     };
     for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(roots); r++) {
-        PyObject* root = PyTuple_GET_ITEM(roots, r);
-        auto seen = position.find(root);
-        if (seen != position.end()) {
-            wiring.push_back(-2 - seen->second);
+        NodeObject* root = as_node(PyTuple_GET_ITEM(roots, r));
+        if (root == nullptr) return nullptr;
+        if (root->walk == epoch) {
+            wiring.push_back(-2 - root->position);
             continue;
         }
-        if (!push(root)) return fail();
+        push(root);
         while (!stack.empty()) {
             Frame& top = stack.back();
-            if (top.i < PyTuple_GET_SIZE(top.src)) {
-                PyObject* child = PyTuple_GET_ITEM(top.src, top.i++);
-                auto found = position.find(child);
-                if (found == position.end()) {
-                    if (!push(child)) return fail();
+            if (top.i < PyTuple_GET_SIZE(top.node->src)) {
+                NodeObject* child = as_node(PyTuple_GET_ITEM(top.node->src, top.i++));
+                if (child == nullptr) return nullptr;
+                if (child->walk != epoch) {
+                    push(child);
                 } else {
-                    wiring.push_back(-2 - found->second);
+                    wiring.push_back(-2 - child->position);
                 }
                 continue;
             }
-            PyObject* node = top.node;
-            Py_DECREF(top.src);
+            NodeObject* node = top.node;
             stack.pop_back();
-            position[node] = PyList_GET_SIZE(order.p);
-            if (PyList_Append(order.p, node) < 0) return fail();
-            Ref op(PyObject_GetAttr(node, s_op));
-            if (!op) return fail();
-            int data = is(op.p, data_op);
-            int scalar = data ? 0 : is(op.p, scalar_op);
-            if (data < 0 || scalar < 0) return fail();
+            node->position = PyList_GET_SIZE(order.p);
+            if (PyList_Append(order.p, (PyObject*)node) < 0) return nullptr;
+            int data = is(node->op, data_op);
+            int scalar = data ? 0 : is(node->op, scalar_op);
+            if (data < 0 || scalar < 0) return nullptr;
             if (data || scalar) {
-                PyObject* ident = node;  // two leaves of one device buffer are one parameter
-                Ref payload;
-                if (data) {
-                    payload.p = PyObject_GetAttr(node, s_payload);
-                    if (!payload) return fail();
-                    ident = payload.p;  // the order list keeps the node, the node its payload
-                }
+                // Two leaves of one device buffer are one parameter.
+                PyObject* ident = data ? node->payload : (PyObject*)node;
                 auto p = param_pos.find(ident);
                 if (p == param_pos.end()) {
                     p = param_pos.emplace(ident, PyList_GET_SIZE(params.p)).first;
-                    if (PyList_Append(params.p, node) < 0) return fail();
+                    if (PyList_Append(params.p, (PyObject*)node) < 0) return nullptr;
                 }
                 wiring.push_back(p->second);
             }
@@ -895,9 +891,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_recording = PyUnicode_InternFromString("recording");
     s_precision = PyUnicode_InternFromString("_precision");
     s_then = PyUnicode_InternFromString("then");
-    s_src = PyUnicode_InternFromString("src");
-    s_op = PyUnicode_InternFromString("op");
-    s_payload = PyUnicode_InternFromString("payload");
     s_storage = PyUnicode_InternFromString("storage");
     const char* dtypes[4] = {"bool", "int64", "float64", "complex128"};
     for (int i = 0; i < 4; i++) scalar_dtypes[i] = PyUnicode_InternFromString(dtypes[i]);

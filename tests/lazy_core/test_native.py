@@ -101,5 +101,12 @@ def test_walk_matches_python_twin():
 
 
 def test_walk_rejects_non_nodes():
-    with pytest.raises(AttributeError):
+    with pytest.raises(TypeError, match="not a Node"):
         _native.walk((object(),), DATA, SCALAR)
+    leaf = PyNode(DATA, (), None, "float32", (2,))
+    with pytest.raises(TypeError, match="not a Node"):
+        _native.walk(
+            (Node("aten.neg.default", (Node(DATA, (), None, "f", ()),), None, "f", ()), leaf),
+            DATA,
+            SCALAR,
+        )
