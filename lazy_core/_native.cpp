@@ -31,7 +31,6 @@ struct Config {
     PyObject* meta_cache = nullptr;    // shape-inference memo: key -> Meta
     PyObject* constants = nullptr;     // (kind, value) -> constant Node
     PyObject* dtype_names = nullptr;   // dtype object -> IR dtype name
-    PyObject* node = nullptr;          // Node(op, src, arg, dtype, shape)
     PyObject* scalar_leaf = nullptr;   // scalar_leaf(value, dtype)
     PyObject* storage = nullptr;       // Storage(node, device)
     PyObject* wrap = nullptr;          // wrap(storage, meta) -> tensor
@@ -230,6 +229,9 @@ bool is_single_meta(PyObject* meta, PyObject** dtype_name) {
     return *dtype_name != nullptr;
 }
 
+extern PyTypeObject NodeType;
+PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames);
+
 bool is_dense(PyObject* shape, PyObject* stride) {
     if (!PyTuple_Check(shape) || !PyTuple_Check(stride)) return false;
     Py_ssize_t n = PyTuple_GET_SIZE(shape);
@@ -333,7 +335,7 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     Ref srcs(PyList_AsTuple(ops.srcs.p));
     if (!arg || !srcs) return nullptr;
     PyObject* node_args[5] = {name, srcs.p, arg.p, dtype_name, PyTuple_GET_ITEM(meta, 0)};
-    Ref node(PyObject_Vectorcall(cfg.node, node_args, 5, nullptr));
+    Ref node(node_new(&NodeType, node_args, 5, nullptr));
     if (!node) return nullptr;
     PyObject* storage_args[2] = {node.p, ops.device.p};
     Ref storage(PyObject_Vectorcall(cfg.storage, storage_args, 2, nullptr));
@@ -537,34 +539,47 @@ PyObject* register_plan(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+// configure(**fields): every field of Config by name, each checked against its type (nullptr:
+// any object; callables are called).
+struct Field {
+    const char* name;
+    PyObject** slot;
+    PyTypeObject* type;
+};
+const Field fields[] = {
+    {"tensor_type", &cfg.tensor_type, &PyType_Type}, {"foreign_type", &cfg.foreign_type, &PyType_Type},
+    {"fallback", &cfg.fallback, nullptr},            {"flags", &cfg.flags, &PyDict_Type},
+    {"meta_cache", &cfg.meta_cache, &PyDict_Type},   {"constants", &cfg.constants, &PyDict_Type},
+    {"dtype_names", &cfg.dtype_names, &PyDict_Type}, {"scalar_leaf", &cfg.scalar_leaf, nullptr},
+    {"storage", &cfg.storage, nullptr},              {"wrap", &cfg.wrap, nullptr},
+    {"foreign", &cfg.foreign, nullptr},              {"operands", &cfg.operands, &PyTuple_Type},
+    {"view_cache", &cfg.view_cache, &PyDict_Type},   {"make_wrapper", &cfg.make_wrapper, nullptr},
+    {"devices", &cfg.devices, &PyTuple_Type},        {"str_types", &cfg.str_types, &PyTuple_Type},
+};
+constexpr size_t n_fields = sizeof(fields) / sizeof(fields[0]);
+
 PyObject* configure(PyObject*, PyObject* args, PyObject* kw) {
-    static const char* names[] = {"tensor_type", "foreign_type", "fallback", "flags",
-                                  "meta_cache",  "constants",    "dtype_names", "node",
-                                  "scalar_leaf", "storage",      "wrap",      "foreign",
-                                  "operands",    "view_cache", "make_wrapper", "devices",
-                                  "str_types",   nullptr};
-    Config c;
-    if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "O!O!OO!O!O!O!OOOOOO!O!OO!O!:configure", (char**)names, &PyType_Type,
-            &c.tensor_type, &PyType_Type, &c.foreign_type, &c.fallback, &PyDict_Type, &c.flags,
-            &PyDict_Type, &c.meta_cache, &PyDict_Type, &c.constants, &PyDict_Type,
-            &c.dtype_names, &c.node, &c.scalar_leaf, &c.storage, &c.wrap, &c.foreign,
-            &PyTuple_Type, &c.operands, &PyDict_Type, &c.view_cache, &c.make_wrapper,
-            &PyTuple_Type, &c.devices, &PyTuple_Type, &c.str_types))
+    if (PyTuple_GET_SIZE(args) != 0 || kw == nullptr || (size_t)PyDict_GET_SIZE(kw) != n_fields) {
+        PyErr_Format(PyExc_TypeError, "configure() takes exactly its %zu fields, by keyword",
+                     n_fields);
         return nullptr;
-    PyObject** fields[] = {&c.tensor_type, &c.foreign_type, &c.fallback, &c.flags,
-                           &c.meta_cache,  &c.constants,    &c.dtype_names, &c.node,
-                           &c.scalar_leaf, &c.storage,      &c.wrap,      &c.foreign,
-                           &c.operands,    &c.view_cache,   &c.make_wrapper, &c.devices,
-                           &c.str_types};
-    PyObject** old[] = {&cfg.tensor_type, &cfg.foreign_type, &cfg.fallback, &cfg.flags,
-                        &cfg.meta_cache,  &cfg.constants,    &cfg.dtype_names, &cfg.node,
-                        &cfg.scalar_leaf, &cfg.storage,      &cfg.wrap,      &cfg.foreign,
-                        &cfg.operands,    &cfg.view_cache,   &cfg.make_wrapper, &cfg.devices,
-                        &cfg.str_types};
-    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
-        Py_INCREF(*fields[i]);
-        Py_XSETREF(*old[i], *fields[i]);
+    }
+    PyObject* values[n_fields];
+    for (size_t i = 0; i < n_fields; i++) {
+        values[i] = PyDict_GetItemString(kw, fields[i].name);  // borrowed
+        if (values[i] == nullptr) {
+            PyErr_Format(PyExc_TypeError, "configure() needs %s", fields[i].name);
+            return nullptr;
+        }
+        if (fields[i].type != nullptr && !PyObject_TypeCheck(values[i], fields[i].type)) {
+            PyErr_Format(PyExc_TypeError, "configure(): %s must be a %s", fields[i].name,
+                         fields[i].type->tp_name);
+            return nullptr;
+        }
+    }
+    for (size_t i = 0; i < n_fields; i++) {
+        Py_INCREF(values[i]);
+        Py_XSETREF(*fields[i].slot, values[i]);
     }
     Py_RETURN_NONE;
 }

@@ -6,12 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lazy_core.ir import DATA, PARAM_OPS, SCALAR, Node
-
-try:  # the C walk, when the extension is built (lazy_core/_native.cpp)
-    from lazy_core import _native
-except ImportError:
-    _native = None
+from lazy_core.ir import DATA, PARAM_OPS, SCALAR, Node, _native
 
 
 @dataclass(frozen=True)

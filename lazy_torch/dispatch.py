@@ -57,7 +57,7 @@ _FALLBACK_EXCEPTIONS = (
 
 def special(*funcs: Any, native: tuple | None = None) -> Callable[[Handler], Handler]:
     """Register a hand-written handler for ``funcs`` (copy_, _to_copy, sync points, ...);
-    ``native``: the C fast path's plan that does the same (see ``_native_plan``)."""
+    ``native``: the C fast path's plan that does the same (see ``NATIVE_RECORD``)."""
 
     def register(fn: Handler) -> Handler:
         for f in funcs:
@@ -74,7 +74,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if handler is None:
         handler = _handlers[id(func)] = _resolve(func)
         if _native is not None:
-            plan = _native_plan(func) if handler is recorded else getattr(handler, "native", None)
+            plan = _plan(func).native if handler is recorded else getattr(handler, "native", None)
             if plan is not None:
                 _native.register(func, plan)
     if _sites.recording:
@@ -86,8 +86,13 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 # Per-op plans: which argument slots are Scalars (graph operands) and which are attributes.
 
 
+# Kinds of plan for the C fast path (lazy_core/_native.cpp): ``record`` an op, make a view from
+# the view memo, or share the argument's view (detach, alias). Other handlers have no plan.
+NATIVE_RECORD, NATIVE_VIEW, NATIVE_SHARE = 0, 1, 2
+
+
 class _Plan:
-    __slots__ = ("matmul", "name", "scalar_names", "scalar_pos", "scalars_are_operands")
+    __slots__ = ("matmul", "name", "native", "scalar_names", "scalar_pos", "scalars_are_operands")
 
     def __init__(self, func: Any):
         schema = func._schema
@@ -103,6 +108,12 @@ class _Plan:
         # Factories (no tensor argument) bake their Scalars in: they decide the output shape.
         self.scalars_are_operands = any("Tensor" in str(a.type) for a in schema.arguments)
         self.matmul = self.name in _MATMUL_OPS
+        # What the C fast path needs to record ``func`` as ``record`` does.
+        operands = self.scalars_are_operands
+        mask = tuple(operands and i in self.scalar_pos for i in range(len(schema.arguments)))
+        names = self.scalar_names if operands else frozenset()
+        precision = _matmul_precision if self.matmul else None
+        self.native = (NATIVE_RECORD, self.name, mask, names, precision)
 
 
 def _is_numeric(t: Any) -> bool:
@@ -112,31 +123,6 @@ def _is_numeric(t: Any) -> bool:
 
 
 _plans: dict[int, _Plan] = {}
-
-
-# Kinds of plan for the C fast path (lazy_core/_native.cpp): ``record`` an op, make a view from
-# the view memo, or share the argument's view (detach, alias). Other handlers have no plan.
-NATIVE_RECORD, NATIVE_VIEW, NATIVE_SHARE = 0, 1, 2
-
-
-def _native_plan(func: Any) -> tuple:
-    """What the C fast path needs to record ``func`` as ``record`` does."""
-    native = _native_plans.get(id(func))
-    if native is None:
-        native = _native_plans[id(func)] = _make_native_plan(func)
-    return native
-
-
-_native_plans: dict[int, tuple] = {}
-
-
-def _make_native_plan(func: Any) -> tuple:
-    plan = _plan(func)
-    n = len(func._schema.arguments)
-    operands = plan.scalars_are_operands
-    mask = tuple(operands and i in plan.scalar_pos for i in range(n))
-    names = plan.scalar_names if operands else frozenset()
-    return (NATIVE_RECORD, plan.name, mask, names, _matmul_precision if plan.matmul else None)
 
 
 def _plan(func: Any) -> _Plan:
@@ -399,7 +385,7 @@ def record_elements(func: Any, calls: list[tuple[tuple, dict]], targets: list | 
     plan = _plan(func)
     if plan.matmul:
         return None
-    found = None if _native is None else _native.elements(_native_plan(func), calls)
+    found = None if _native is None else _native.elements(plan.native, calls)
     if found is None:
         found = _elements(func, plan, calls)
     srcs, templates, metas, device = found
@@ -678,7 +664,6 @@ if _native is not None:
         meta_cache=_meta_cache,
         constants=_constants,
         dtype_names=DTYPE_NAMES,
-        node=Node,
         scalar_leaf=scalar_leaf,
         storage=Storage,
         wrap=wrap,

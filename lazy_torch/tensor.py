@@ -10,16 +10,12 @@ import torch
 
 import runtime
 from lazy_core import Node, Storage, View, data_leaf
+from lazy_core.ir import _native as _built_native
 from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy
 from lazy_torch.sync import sync
 
 # The per-op fast path in C, unless it was not built or LAZY_NATIVE=0 turns it off.
-_native: Any = None
-if runtime.config.NATIVE:
-    try:
-        from lazy_core import _native
-    except ImportError:
-        pass
+_native: Any = _built_native if runtime.config.NATIVE else None
 
 # Shape, strides, storage offset and dtype as eager PyTorch would report them.
 Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+def _flag(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    return default if not value else value not in ("0", "false", "no", "off")
 
 
 # PJRT platform: cpu, gpu (cuda/rocm) or tpu; empty means JAX's default backend.
@@ -18,6 +19,6 @@ DUMP_DIR: str = os.environ.get("LAZY_DUMP_DIR", "").strip()
 # Directory of the persistent executable cache; empty turns it off.
 CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
 # Donate the buffers a mark_step overwrites (parameters, optimizer state) to its outputs.
-DONATE: bool = os.environ.get("LAZY_DONATE", "1").strip().lower() not in ("0", "false", "no", "off")
+DONATE: bool = _flag("LAZY_DONATE", default=True)
 # Record common ops in C (lazy_core/_native.cpp) when it is built; 0 keeps every op in Python.
-NATIVE: bool = os.environ.get("LAZY_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+NATIVE: bool = _flag("LAZY_NATIVE", default=True)
