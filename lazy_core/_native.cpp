@@ -78,9 +78,15 @@ struct Operands {
     Ref device;
 };
 
+// The marker of the last operand: from the table, past it a new one of the table's type
+// (a foreach op over many tensors has thousands of operands).
 PyObject* operand_marker(Operands& ops) {
     Py_ssize_t i = PyList_GET_SIZE(ops.srcs.p) - 1;
-    if (i >= PyTuple_GET_SIZE(cfg.operands)) return nullptr;
+    if (i >= PyTuple_GET_SIZE(cfg.operands)) {
+        Ref index(PyLong_FromSsize_t(i));
+        if (!index) return nullptr;
+        return PyObject_CallOneArg((PyObject*)Py_TYPE(PyTuple_GET_ITEM(cfg.operands, 0)), index.p);
+    }
     PyObject* m = PyTuple_GET_ITEM(cfg.operands, i);
     Py_INCREF(m);
     return m;

@@ -97,11 +97,11 @@ if _native is not None:
 else:
     Node = PyNode
 
-OPERANDS = tuple(Operand(i) for i in range(256))
+OPERANDS = tuple(Operand(i) for i in range(4096))  # foreach ops over many tensors use thousands
 
 
 def operand(i: int) -> Operand:
-    return OPERANDS[i] if i < 256 else Operand(i)
+    return OPERANDS[i] if i < len(OPERANDS) else Operand(i)
 
 
 def data_leaf(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Node:

@@ -96,3 +96,26 @@ def test_sites_are_recorded_on_the_python_path():
 def _line_of(text: str) -> int:
     with open(__file__) as f:
         return next(i for i, line in enumerate(f, 1) if line.strip() == text)
+
+
+@pytest.mark.parametrize("count", [3, 300])  # 300 tensors: past the table of operand markers
+def test_foreach_elements_match_the_python_path(count):
+    plan = python_path._plan(aten.addcmul.default)
+    xs = [torch.randn(2, i % 3 + 1) for i in range(count)]
+    lazy = [t.to("lazy") for t in xs]
+    calls = [((t, t, t), {"value": 0.5}) for t in lazy]
+    python_path._elements(aten.addcmul.default, plan, calls)  # fills the shape memo
+    fast = _native.elements(plan.native, calls)
+    assert fast is not None, "the elements were not templated in C"
+    srcs, templates, metas, device = fast
+    slow_srcs, slow_templates, slow_metas, slow_device = python_path._elements(
+        aten.addcmul.default, plan, calls
+    )
+    assert [n.hash for n in srcs] == [n.hash for n in slow_srcs]
+    assert templates == slow_templates and list(metas) == list(slow_metas)
+    assert device == slow_device
+    out = torch._foreach_addcmul(lazy, lazy, lazy, value=0.5)
+    expected = torch._foreach_addcmul(xs, xs, xs, value=0.5)
+    lazy_torch.mark_step()
+    for o, e in zip(out, expected):
+        torch.testing.assert_close(o.cpu(), e)
