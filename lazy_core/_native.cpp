@@ -46,7 +46,8 @@ Config cfg;
 // Ops dispatch() recorded itself and ops it handed to the Python path (stats()).
 unsigned long long handled = 0, handed = 0;
 // func -> plan tuple, by kind:
-//   (RECORD, name, scalar mask per position, scalar kwarg names, precision callable or None)
+//   (RECORD, name, scalar mask per position, scalar kwarg names, precision callable or None,
+//    local: whether a ``device`` keyword other than the operands' device goes to the Python path)
 //   (VIEW, name, storage_relative): a view op; its Meta and view steps memoized by view_cache
 //   (SHARE,): detach/alias, a new tensor on its argument's view
 // Ops live for the whole process, so plans are keyed by identity and never removed.
@@ -316,6 +317,15 @@ bool templated(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops,
     return *meta != nullptr;
 }
 
+// Whether the ``device`` keyword is absent, None or the device of index ``device``.
+bool on_own_device(PyObject* kwargs, PyObject* device) {
+    PyObject* v = PyDict_GetItemWithError(kwargs, s_device);
+    if (v == nullptr || v == Py_None) return v == Py_None || !PyErr_Occurred();
+    Py_ssize_t index = PyLong_AsSsize_t(device);
+    if (index < 0 || index >= PyTuple_GET_SIZE(cfg.devices)) return false;
+    return PyObject_RichCompareBool(v, PyTuple_GET_ITEM(cfg.devices, index), Py_EQ) == 1;
+}
+
 PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     PyObject* name = PyTuple_GET_ITEM(plan, 1);
     PyObject* precision = PyTuple_GET_ITEM(plan, 4);
@@ -326,6 +336,8 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     PyObject* dtype_name;
     if (!templated(plan, args, kwargs, ops, 0, args_t, kwargs_t, &meta)) return nullptr;
     if (!ops.device) return nullptr;  // factories take their device from keywords
+    if (PyTuple_GET_ITEM(plan, 5) == Py_True && kwargs && !on_own_device(kwargs, ops.device.p))
+        return nullptr;  // _to_copy to another device
     if (!is_single_meta(meta, &dtype_name)) return nullptr;
 
     if (precision != Py_None) {  // matmuls record the float32 precision in force
@@ -353,7 +365,7 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
 // calls ``[(args, kwargs), ...]`` sharing one operand list (lazy_torch's record_elements), or
 // None where the Python path must do it.
 PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 5 ||
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 6 ||
         !PyList_CheckExact(argv[1])) {
         PyErr_SetString(PyExc_TypeError, "elements(record plan, [(args, kwargs), ...])");
         return nullptr;
@@ -520,8 +532,9 @@ PyObject* register_plan(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
         Py_ssize_t n = PyTuple_GET_SIZE(p);
         switch (PyLong_AsLong(PyTuple_GET_ITEM(p, 0))) {
             case RECORD:
-                ok = n == 5 && PyUnicode_Check(PyTuple_GET_ITEM(p, 1)) &&
-                     PyTuple_Check(PyTuple_GET_ITEM(p, 2)) && PyAnySet_Check(PyTuple_GET_ITEM(p, 3));
+                ok = n == 6 && PyUnicode_Check(PyTuple_GET_ITEM(p, 1)) &&
+                     PyTuple_Check(PyTuple_GET_ITEM(p, 2)) && PyAnySet_Check(PyTuple_GET_ITEM(p, 3)) &&
+                     PyBool_Check(PyTuple_GET_ITEM(p, 5));
                 break;
             case VIEW:
                 ok = n == 3 && PyUnicode_Check(PyTuple_GET_ITEM(p, 1)) &&

@@ -13,6 +13,7 @@ from lazy_torch.dispatch import (
     assign_node,
     become,
     dispatch,
+    local_record,
     record,
     special,
 )
@@ -82,7 +83,7 @@ def _lazy_index(device: Any) -> int | None:
     return (device.index or 0) if device.type == "lazy" else None
 
 
-@special(aten._to_copy.default)
+@special(aten._to_copy.default, native=local_record(aten._to_copy.default))
 def _to_copy(func, args, kwargs):
     x = args[0]
     device = kwargs.get("device")

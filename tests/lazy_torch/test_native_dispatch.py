@@ -11,6 +11,7 @@ from lazy_torch.tensor import _native
 if _native is None:
     pytest.skip("the C fast path is not built or LAZY_NATIVE=0", allow_module_level=True)
 aten = torch.ops.aten
+LAZY = torch.device("lazy", 0)
 
 # (op, args builder from (x, y, w) lazy tensors, kwargs)
 CASES = [
@@ -37,6 +38,8 @@ CASES = [
     (aten.unbind.int, lambda x, y, w: (x,), {}),
     (aten.as_strided.default, lambda x, y, w: (x, [2, 2], [1, 2], 1), {}),
     (aten.detach.default, lambda x, y, w: (x,), {}),
+    (aten._to_copy.default, lambda x, y, w: (x,), {"dtype": torch.bfloat16}),
+    (aten._to_copy.default, lambda x, y, w: (x,), {"dtype": torch.float64, "device": LAZY}),
 ]
 
 
@@ -67,7 +70,8 @@ def test_fast_path_records_what_the_python_path_records(case):
         assert f._lazy.steps == s._lazy.steps
         assert f._lazy.node.hash == s._lazy.node.hash
         assert (f.shape, f.stride(), f.dtype, f.device) == (s.shape, s.stride(), s.dtype, s.device)
-    expected = _outputs(func(*build(*cpu_inputs), **kwargs))
+    eager_kwargs = {k: v for k, v in kwargs.items() if v is not LAZY}  # the oracle runs on the CPU
+    expected = _outputs(func(*build(*cpu_inputs), **eager_kwargs))
     lazy_torch.mark_step()
     for f, e in zip(fast, expected):
         torch.testing.assert_close(f.cpu(), e)
@@ -80,6 +84,17 @@ def test_errors_come_from_the_python_path():
         x + torch.randn(5, 3, device="lazy")
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         x + torch.randn(4, 3)
+
+
+def test_copies_to_another_device_go_to_the_python_path():
+    x = torch.randn(4, 3, device="lazy")
+    x.to(torch.float16)
+    before = _native.stats()
+    half, cpu = x.to(torch.float16), x.to("cpu", torch.float16)
+    after = _native.stats()
+    assert (after["native"] - before["native"], after["python"] - before["python"]) == (1, 1)
+    assert type(cpu) is torch.Tensor and cpu.device.type == "cpu"
+    torch.testing.assert_close(cpu, half.cpu())
 
 
 def test_sites_are_recorded_on_the_python_path():
