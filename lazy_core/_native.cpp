@@ -650,6 +650,29 @@ Py_hash_t int_hash(Py_hash_t x) {
 
 PyTypeObject NodeType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// Whether no reference cycle can run through ``v``: objects the cycle collector does not track
+// (numbers, strings, nodes), and tuples of such values, Operand markers (tuple subclasses without
+// a __dict__) included.
+bool acyclic(PyObject* v, int depth = 0) {
+    if (!PyObject_IS_GC(v)) return true;
+    if (!PyTuple_Check(v) || depth > 16) return false;
+    if (!PyTuple_CheckExact(v) && Py_TYPE(v)->tp_dictoffset != 0) return false;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++)
+        if (!acyclic(PyTuple_GET_ITEM(v, i), depth + 1)) return false;
+    return true;
+}
+
+void untrack_tuples(PyObject* v) {
+    if (!PyTuple_CheckExact(v)) return;
+    if (PyObject_GC_IsTracked(v)) PyObject_GC_UnTrack(v);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) untrack_tuples(PyTuple_GET_ITEM(v, i));
+}
+
+// Leaves a node's sources or template out of the cycle collector when nothing in it can be.
+void untrack(PyObject* v) {
+    if (PyTuple_CheckExact(v) && PyObject_GC_IsTracked(v) && acyclic(v)) untrack_tuples(v);
+}
+
 PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject* payload = Py_None;
@@ -690,7 +713,7 @@ PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyO
         h.add((Py_uhash_t)lane);
         if (i == 3) h.add((Py_uhash_t)srcs.done());
     }
-    NodeObject* self = PyObject_GC_New(NodeObject, type);
+    NodeObject* self = PyObject_New(NodeObject, type);
     if (self == nullptr) return nullptr;
     PyObject** fields[7] = {&self->op, &self->src, &self->arg, &self->dtype, &self->shape,
                             &self->payload, &self->site};
@@ -703,7 +726,8 @@ PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyO
     self->weakrefs = nullptr;
     self->walk = 0;
     self->position = -1;
-    PyObject_GC_Track(self);
+    untrack(self->src);
+    untrack(self->arg);
     return (PyObject*)self;
 }
 
@@ -729,25 +753,17 @@ PyObject* node_vectorcall(PyObject* type, PyObject* const* argv, size_t nargsf, 
     return node_new((PyTypeObject*)type, argv, nargsf, kw);
 }
 
-int node_traverse(NodeObject* self, visitproc visit, void* arg) {
-    Py_VISIT(self->src);
-    Py_VISIT(self->arg);
-    Py_VISIT(self->payload);
-    return 0;
-}
+// Nodes form a DAG (a node's sources are older nodes), so no reference cycle runs through one:
+// the type is not tracked by the cycle collector, and neither are the tuples of sources and
+// templates it holds (untrack). Otherwise the thousands of nodes a step records survive into
+// the oldest generation, whose full collections over a large program's heap (half a million
+// objects with transformers) take hundreds of milliseconds every few steps. Freeing a long chain
+// of nodes is iterative: a node whose last reference goes while another is being freed waits in
+// ``doomed`` instead of adding a C frame.
+std::vector<NodeObject*> doomed;
+bool freeing = false;
 
-int node_clear(NodeObject* self) {
-    Py_CLEAR(self->src);
-    Py_CLEAR(self->arg);
-    Py_CLEAR(self->payload);
-    return 0;
-}
-
-void node_dealloc(NodeObject* self) {
-    PyObject_GC_UnTrack(self);
-    // The trashcan frees a long chain of nodes iteratively instead of one C frame per node.
-    Py_TRASHCAN_BEGIN(self, node_dealloc)
-    if (self->weakrefs != nullptr) PyObject_ClearWeakRefs((PyObject*)self);
+void node_free(NodeObject* self) {
     Py_CLEAR(self->op);
     Py_CLEAR(self->src);
     Py_CLEAR(self->arg);
@@ -755,8 +771,23 @@ void node_dealloc(NodeObject* self) {
     Py_CLEAR(self->shape);
     Py_CLEAR(self->payload);
     Py_CLEAR(self->site);
-    PyObject_GC_Del(self);
-    Py_TRASHCAN_END
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+void node_dealloc(NodeObject* self) {
+    if (self->weakrefs != nullptr) PyObject_ClearWeakRefs((PyObject*)self);
+    if (freeing) {
+        doomed.push_back(self);
+        return;
+    }
+    freeing = true;
+    node_free(self);
+    while (!doomed.empty()) {
+        NodeObject* next = doomed.back();
+        doomed.pop_back();
+        node_free(next);
+    }
+    freeing = false;
 }
 
 PyObject* node_num_outputs(NodeObject* self, void*) {
@@ -930,13 +961,11 @@ PyMODINIT_FUNC PyInit__native(void) {
     for (int i = 0; i < 4; i++) scalar_dtypes[i] = PyUnicode_InternFromString(dtypes[i]);
     NodeType.tp_name = "lazy_core._native.Node";
     NodeType.tp_basicsize = sizeof(NodeObject);
-    NodeType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE;
+    NodeType.tp_flags = Py_TPFLAGS_DEFAULT;
     NodeType.tp_doc = "One IR operation (see lazy_core/ir.py).";
     NodeType.tp_new = node_tp_new;
     NodeType.tp_vectorcall = node_vectorcall;
     NodeType.tp_dealloc = (destructor)node_dealloc;
-    NodeType.tp_traverse = (traverseproc)node_traverse;
-    NodeType.tp_clear = (inquiry)node_clear;
     NodeType.tp_repr = (reprfunc)node_repr;
     NodeType.tp_members = node_members;
     NodeType.tp_getset = node_getset;

@@ -77,6 +77,40 @@ def test_a_long_chain_frees_without_recursing():
     assert first() is None
 
 
+def test_a_wide_graph_frees_every_node():
+    leaves = [Node(DATA, (), None, "float32", (2,)) for _ in range(3)]
+    refs = [weakref.ref(n) for n in leaves]
+    x = leaves[0]
+    for i in range(10_000):
+        x = Node("aten.add.Tensor", (x, leaves[i % 3]), None, "float32", (2,))
+        refs.append(weakref.ref(x))
+    del x, leaves
+    assert all(r() is None for r in refs)
+
+
+def test_nodes_stay_out_of_the_cycle_collector():
+    # A DAG has no cycles: nodes, and tuples of sources and templates, are left untracked, so
+    # the nodes a step records never reach the collector's oldest generation.
+    a = Node(DATA, (), None, "float32", (4,))
+    b = Node(
+        "aten.add.Tensor",
+        (a, a),
+        ((Operand(0), (Operand(1), 2.0)), (("alpha", 1),)),
+        "float32",
+        (4,),
+    )
+    assert not gc.is_tracked(a) and not gc.is_tracked(b)
+    assert not gc.is_tracked(b.src)
+    assert not gc.is_tracked(b.arg) and not gc.is_tracked(b.arg[0][1])
+    # A template holding an object with attributes stays tracked: a cycle could run through it.
+    held = Node("op", (a,), ((Operand(0), _Attributes()),), "float32", (4,))
+    assert gc.is_tracked(held.arg)
+
+
+class _Attributes:
+    pass
+
+
 def _random_graph(rng: random.Random, n: int) -> list:
     buffers = [f"buffer{i}" for i in range(4)]
     nodes = []
