@@ -253,21 +253,33 @@ bool is_dense(PyObject* shape, PyObject* stride) {
     return true;
 }
 
-// A new tensor holding ``view`` on device ``device`` (the Python path's wrap).
+// A new tensor holding ``view`` on device ``device`` (the Python path's wrap). A dense tensor at
+// offset 0 passes only what it must: keyword arguments cost their parsing.
 PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device) {
     PyObject* shape = PyTuple_GET_ITEM(meta, 0);
+    PyObject* stride = PyTuple_GET_ITEM(meta, 1);
     PyObject* offset = PyTuple_GET_ITEM(meta, 2);
     Py_ssize_t index = PyLong_Check(device) ? PyLong_AsSsize_t(device) : -1;
-    if (index < 0 || index >= PyTuple_GET_SIZE(cfg.devices) || !PyLong_Check(offset) ||
-        PyLong_AsLong(offset) != 0 || !is_dense(shape, PyTuple_GET_ITEM(meta, 1))) {
+    if (index < 0 || index >= PyTuple_GET_SIZE(cfg.devices) || !PyLong_Check(offset)) {
         PyErr_Clear();
         PyObject* wrap_args[2] = {view, meta};
         return PyObject_Vectorcall(cfg.wrap, wrap_args, 2, nullptr);
     }
-    static PyObject* kwnames = Py_BuildValue("(ss)", "dtype", "device");
-    PyObject* call[4] = {cfg.tensor_type, shape, PyTuple_GET_ITEM(meta, 3),
-                         PyTuple_GET_ITEM(cfg.devices, index)};
-    Ref t(PyObject_Vectorcall(cfg.make_wrapper, call, 2, kwnames));
+    static PyObject* dense_kwnames = Py_BuildValue("(ss)", "dtype", "device");
+    static PyObject* strided_kwnames =
+        Py_BuildValue("(ssss)", "strides", "storage_offset", "dtype", "device");
+    PyObject* dtype = PyTuple_GET_ITEM(meta, 3);
+    PyObject* dev = PyTuple_GET_ITEM(cfg.devices, index);
+    bool dense = PyLong_AsLong(offset) == 0 && is_dense(shape, stride);
+    PyErr_Clear();
+    Ref t;
+    if (dense) {
+        PyObject* call[4] = {cfg.tensor_type, shape, dtype, dev};
+        t.p = PyObject_Vectorcall(cfg.make_wrapper, call, 2, dense_kwnames);
+    } else {
+        PyObject* call[6] = {cfg.tensor_type, shape, stride, offset, dtype, dev};
+        t.p = PyObject_Vectorcall(cfg.make_wrapper, call, 2, strided_kwnames);
+    }
     if (!t || PyObject_SetAttr(t.p, s_lazy, view) < 0 || PyObject_SetAttr(t.p, s_meta, meta) < 0)
         return nullptr;
     return t.release();
