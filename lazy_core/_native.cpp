@@ -40,6 +40,7 @@ struct Config {
     PyObject* make_wrapper = nullptr;  // make_wrapper(cls, shape, dtype=, device=): a new tensor
     PyObject* devices = nullptr;       // device objects by index
     PyObject* str_types = nullptr;     // argument types that enter templates as str(value)
+    PyObject* getitem_op = nullptr;    // the op name of a multi-output node's output i
 };
 
 Config cfg;
@@ -329,6 +330,51 @@ bool templated(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops,
     return *meta != nullptr;
 }
 
+// The outputs of a multi-output op: one node with a dtype and shape per output (None where
+// the op produces none), and a tensor per output on its getitem node, in a tuple or list as
+// ``metas`` is (the Python path's _wrap_outputs).
+PyObject* record_outputs(PyObject* name, PyObject* srcs, PyObject* arg, PyObject* metas,
+                         PyObject* device) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(metas);
+    PyObject** items = PySequence_Fast_ITEMS(metas);
+    Ref dtypes(PyTuple_New(n)), shapes(PyTuple_New(n));
+    if (!dtypes || !shapes) return nullptr;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *dtype = Py_None, *shape = Py_None;
+        if (items[i] != Py_None && !is_single_meta(items[i], &dtype)) return nullptr;
+        if (items[i] != Py_None) shape = PyTuple_GET_ITEM(items[i], 0);
+        Py_INCREF(dtype);
+        Py_INCREF(shape);
+        PyTuple_SET_ITEM(dtypes.p, i, dtype);
+        PyTuple_SET_ITEM(shapes.p, i, shape);
+    }
+    PyObject* node_args[5] = {name, srcs, arg, dtypes.p, shapes.p};
+    Ref node(node_new(&NodeType, node_args, 5, nullptr));
+    Ref source(node ? PyTuple_Pack(1, node.p) : nullptr);
+    Ref outs(PyTuple_New(n));
+    if (!source || !outs) return nullptr;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* out = Py_None;
+        if (items[i] == Py_None) {
+            Py_INCREF(out);
+        } else {
+            Ref index(PyLong_FromSsize_t(i));
+            if (!index) return nullptr;
+            PyObject* getitem_args[5] = {cfg.getitem_op, source.p, index.p,
+                                         PyTuple_GET_ITEM(dtypes.p, i), PyTuple_GET_ITEM(shapes.p, i)};
+            Ref output(node_new(&NodeType, getitem_args, 5, nullptr));
+            if (!output) return nullptr;
+            PyObject* storage_args[2] = {output.p, device};
+            Ref storage(PyObject_Vectorcall(cfg.storage, storage_args, 2, nullptr));
+            if (!storage) return nullptr;
+            out = make_tensor(storage.p, items[i], device);
+            if (out == nullptr) return nullptr;
+        }
+        PyTuple_SET_ITEM(outs.p, i, out);
+    }
+    return PyTuple_CheckExact(metas) ? outs.release() : PySequence_List(outs.p);
+}
+
 // Whether the ``device`` keyword is absent, None or the device of index ``device``.
 bool on_own_device(PyObject* kwargs, PyObject* device) {
     PyObject* v = PyDict_GetItemWithError(kwargs, s_device);
@@ -350,7 +396,9 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     if (!ops.device) return nullptr;  // factories take their device from keywords
     if (PyTuple_GET_ITEM(plan, 5) == Py_True && kwargs && !on_own_device(kwargs, ops.device.p))
         return nullptr;  // _to_copy to another device
-    if (!is_single_meta(meta, &dtype_name)) return nullptr;
+    bool single = is_single_meta(meta, &dtype_name);
+    if (!single && (PyErr_Occurred() || !(PyTuple_CheckExact(meta) || PyList_CheckExact(meta))))
+        return nullptr;
 
     if (precision != Py_None) {  // matmuls record the float32 precision in force
         Ref p(PyObject_CallNoArgs(precision));
@@ -364,6 +412,7 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     Ref arg(PyTuple_Pack(2, args_t.p, kwargs_t.p));
     Ref srcs(PyList_AsTuple(ops.srcs.p));
     if (!arg || !srcs) return nullptr;
+    if (!single) return record_outputs(name, srcs.p, arg.p, meta, ops.device.p);
     PyObject* node_args[5] = {name, srcs.p, arg.p, dtype_name, PyTuple_GET_ITEM(meta, 0)};
     Ref node(node_new(&NodeType, node_args, 5, nullptr));
     if (!node) return nullptr;
@@ -586,6 +635,7 @@ const Field fields[] = {
     {"foreign", &cfg.foreign, nullptr},              {"operands", &cfg.operands, &PyTuple_Type},
     {"view_cache", &cfg.view_cache, &PyDict_Type},   {"make_wrapper", &cfg.make_wrapper, nullptr},
     {"devices", &cfg.devices, &PyTuple_Type},        {"str_types", &cfg.str_types, &PyTuple_Type},
+    {"getitem_op", &cfg.getitem_op, &PyUnicode_Type},
 };
 constexpr size_t n_fields = sizeof(fields) / sizeof(fields[0]);
 

@@ -16,7 +16,7 @@ from torch._decomp import decomposition_table
 
 import runtime
 from lazy_core import Node, NotWritable, Storage, constant, getitem, scalar_leaf
-from lazy_core.ir import OPERANDS, operand
+from lazy_core.ir import GETITEM, OPERANDS, operand
 from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
@@ -679,4 +679,5 @@ if _native is not None:
         make_wrapper=torch.Tensor._make_wrapper_subclass,
         devices=tuple(DEVICES),
         str_types=_STR_TYPES,
+        getitem_op=GETITEM,
     )

@@ -38,6 +38,9 @@ CASES = [
     (aten.unbind.int, lambda x, y, w: (x,), {}),
     (aten.as_strided.default, lambda x, y, w: (x, [2, 2], [1, 2], 1), {}),
     (aten.detach.default, lambda x, y, w: (x,), {}),
+    (aten.native_layer_norm.default, lambda x, y, w: (x, [3], y[0], None, 1e-5), {}),
+    (aten.max.dim, lambda x, y, w: (x, 1), {}),
+    (aten.var_mean.correction, lambda x, y, w: (x, [0]), {"keepdim": True}),
     (aten._to_copy.default, lambda x, y, w: (x,), {"dtype": torch.bfloat16}),
     (aten._to_copy.default, lambda x, y, w: (x,), {"dtype": torch.float64, "device": LAZY}),
 ]
