@@ -47,8 +47,8 @@ Config cfg;
 // Ops dispatch() recorded itself and ops it handed to the Python path (stats()).
 unsigned long long handled = 0, handed = 0;
 // func -> plan tuple, by kind:
-//   (RECORD, name, scalar mask per position, scalar kwarg names, precision callable or None,
-//    local: whether a ``device`` keyword other than the operands' device goes to the Python path)
+//   (RECORD, name, scalar mask per position, scalar kwarg names, precision callable or None);
+//    a call whose ``device`` keyword names another device than its operands' goes to Python
 //   (VIEW, name, storage_relative): a view op; its Meta and view steps memoized by view_cache
 //   (SHARE,): detach/alias, a new tensor on its argument's view
 // Ops live for the whole process, so plans are keyed by identity and never removed.
@@ -286,7 +286,13 @@ PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device) {
     return t.release();
 }
 
-// The whole op, or nullptr to hand it to the Python path.
+// A new tensor with its own storage holding ``node`` (the Python path's fresh).
+PyObject* fresh(PyObject* node, PyObject* meta, PyObject* device) {
+    PyObject* storage_args[2] = {node, device};
+    Ref storage(PyObject_Vectorcall(cfg.storage, storage_args, 2, nullptr));
+    return storage ? make_tensor(storage.p, meta, device) : nullptr;
+}
+
 // The template of one call of a RECORD plan's op and its memoized Meta (borrowed), the Python
 // path's _template and infer; ops.keys from ``first`` on are this call's.
 bool templated(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops,
@@ -341,8 +347,10 @@ PyObject* record_outputs(PyObject* name, PyObject* srcs, PyObject* arg, PyObject
     if (!dtypes || !shapes) return nullptr;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *dtype = Py_None, *shape = Py_None;
-        if (items[i] != Py_None && !is_single_meta(items[i], &dtype)) return nullptr;
-        if (items[i] != Py_None) shape = PyTuple_GET_ITEM(items[i], 0);
+        if (items[i] != Py_None) {
+            if (!is_single_meta(items[i], &dtype)) return nullptr;
+            shape = PyTuple_GET_ITEM(items[i], 0);
+        }
         Py_INCREF(dtype);
         Py_INCREF(shape);
         PyTuple_SET_ITEM(dtypes.p, i, dtype);
@@ -363,11 +371,7 @@ PyObject* record_outputs(PyObject* name, PyObject* srcs, PyObject* arg, PyObject
             PyObject* getitem_args[5] = {cfg.getitem_op, source.p, index.p,
                                          PyTuple_GET_ITEM(dtypes.p, i), PyTuple_GET_ITEM(shapes.p, i)};
             Ref output(node_new(&NodeType, getitem_args, 5, nullptr));
-            if (!output) return nullptr;
-            PyObject* storage_args[2] = {output.p, device};
-            Ref storage(PyObject_Vectorcall(cfg.storage, storage_args, 2, nullptr));
-            if (!storage) return nullptr;
-            out = make_tensor(storage.p, items[i], device);
+            out = output ? fresh(output.p, items[i], device) : nullptr;
             if (out == nullptr) return nullptr;
         }
         PyTuple_SET_ITEM(outs.p, i, out);
@@ -384,6 +388,7 @@ bool on_own_device(PyObject* kwargs, PyObject* device) {
     return PyObject_RichCompareBool(v, PyTuple_GET_ITEM(cfg.devices, index), Py_EQ) == 1;
 }
 
+// The whole op, or nullptr to hand it to the Python path.
 PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     PyObject* name = PyTuple_GET_ITEM(plan, 1);
     PyObject* precision = PyTuple_GET_ITEM(plan, 4);
@@ -394,8 +399,7 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     PyObject* dtype_name;
     if (!templated(plan, args, kwargs, ops, 0, args_t, kwargs_t, &meta)) return nullptr;
     if (!ops.device) return nullptr;  // factories take their device from keywords
-    if (PyTuple_GET_ITEM(plan, 5) == Py_True && kwargs && !on_own_device(kwargs, ops.device.p))
-        return nullptr;  // _to_copy to another device
+    if (kwargs && !on_own_device(kwargs, ops.device.p)) return nullptr;  // e.g. _to_copy to CPU
     bool single = is_single_meta(meta, &dtype_name);
     if (!single && (PyErr_Occurred() || !(PyTuple_CheckExact(meta) || PyList_CheckExact(meta))))
         return nullptr;
@@ -415,18 +419,14 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     if (!single) return record_outputs(name, srcs.p, arg.p, meta, ops.device.p);
     PyObject* node_args[5] = {name, srcs.p, arg.p, dtype_name, PyTuple_GET_ITEM(meta, 0)};
     Ref node(node_new(&NodeType, node_args, 5, nullptr));
-    if (!node) return nullptr;
-    PyObject* storage_args[2] = {node.p, ops.device.p};
-    Ref storage(PyObject_Vectorcall(cfg.storage, storage_args, 2, nullptr));
-    if (!storage) return nullptr;
-    return make_tensor(storage.p, meta, ops.device.p);
+    return node ? fresh(node.p, meta, ops.device.p) : nullptr;
 }
 
 // elements(plan, calls): the operands, per-call templates and Metas of a foreach op's element
 // calls ``[(args, kwargs), ...]`` sharing one operand list (lazy_torch's record_elements), or
 // None where the Python path must do it.
 PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 6 ||
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 5 ||
         !PyList_CheckExact(argv[1])) {
         PyErr_SetString(PyExc_TypeError, "elements(record plan, [(args, kwargs), ...])");
         return nullptr;
@@ -593,9 +593,8 @@ PyObject* register_plan(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
         Py_ssize_t n = PyTuple_GET_SIZE(p);
         switch (PyLong_AsLong(PyTuple_GET_ITEM(p, 0))) {
             case RECORD:
-                ok = n == 6 && PyUnicode_Check(PyTuple_GET_ITEM(p, 1)) &&
-                     PyTuple_Check(PyTuple_GET_ITEM(p, 2)) && PyAnySet_Check(PyTuple_GET_ITEM(p, 3)) &&
-                     PyBool_Check(PyTuple_GET_ITEM(p, 5));
+                ok = n == 5 && PyUnicode_Check(PyTuple_GET_ITEM(p, 1)) &&
+                     PyTuple_Check(PyTuple_GET_ITEM(p, 2)) && PyAnySet_Check(PyTuple_GET_ITEM(p, 3));
                 break;
             case VIEW:
                 ok = n == 3 && PyUnicode_Check(PyTuple_GET_ITEM(p, 1)) &&
@@ -714,25 +713,17 @@ PyTypeObject NodeType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // Whether no reference cycle can run through ``v``: objects the cycle collector does not track
 // (numbers, strings, nodes), and tuples of such values, Operand markers (tuple subclasses without
-// a __dict__) included.
-bool acyclic(PyObject* v, int depth = 0) {
+// a __dict__) included. Each exact tuple found acyclic on the way is left out of the collector.
+bool untrack_acyclic(PyObject* v, int depth = 0) {
     if (!PyObject_IS_GC(v)) return true;
     if (!PyTuple_Check(v) || depth > 16) return false;
-    if (!PyTuple_CheckExact(v) && Py_TYPE(v)->tp_dictoffset != 0) return false;
+    bool exact = PyTuple_CheckExact(v);
+    if (!exact && Py_TYPE(v)->tp_dictoffset != 0) return false;
+    bool acyclic = true;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++)
-        if (!acyclic(PyTuple_GET_ITEM(v, i), depth + 1)) return false;
-    return true;
-}
-
-void untrack_tuples(PyObject* v) {
-    if (!PyTuple_CheckExact(v)) return;
-    if (PyObject_GC_IsTracked(v)) PyObject_GC_UnTrack(v);
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) untrack_tuples(PyTuple_GET_ITEM(v, i));
-}
-
-// Leaves a node's sources or template out of the cycle collector when nothing in it can be.
-void untrack(PyObject* v) {
-    if (PyTuple_CheckExact(v) && PyObject_GC_IsTracked(v) && acyclic(v)) untrack_tuples(v);
+        acyclic = untrack_acyclic(PyTuple_GET_ITEM(v, i), depth + 1) && acyclic;
+    if (acyclic && exact && PyObject_GC_IsTracked(v)) PyObject_GC_UnTrack(v);
+    return acyclic;
 }
 
 PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames) {
@@ -788,8 +779,8 @@ PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyO
     self->weakrefs = nullptr;
     self->walk = 0;
     self->position = -1;
-    untrack(self->src);
-    untrack(self->arg);
+    untrack_acyclic(self->src);
+    untrack_acyclic(self->arg);
     return (PyObject*)self;
 }
 
@@ -817,7 +808,7 @@ PyObject* node_vectorcall(PyObject* type, PyObject* const* argv, size_t nargsf, 
 
 // Nodes form a DAG (a node's sources are older nodes), so no reference cycle runs through one:
 // the type is not tracked by the cycle collector, and neither are the tuples of sources and
-// templates it holds (untrack). Otherwise the thousands of nodes a step records survive into
+// templates it holds (untrack_acyclic). Otherwise the thousands of nodes a step records survive into
 // the oldest generation, whose full collections over a large program's heap (half a million
 // objects with transformers) take hundreds of milliseconds every few steps. Freeing a long chain
 // of nodes is iterative: a node whose last reference goes while another is being freed waits in

@@ -113,13 +113,7 @@ class _Plan:
         mask = tuple(operands and i in self.scalar_pos for i in range(len(schema.arguments)))
         names = self.scalar_names if operands else frozenset()
         precision = _matmul_precision if self.matmul else None
-        self.native = (NATIVE_RECORD, self.name, mask, names, precision, False)
-
-
-def local_record(func: Any) -> tuple:
-    """The C plan of a special handler that is ``record`` for calls without a ``device`` keyword
-    or with their operands' own device (``_to_copy`` to another device goes to the handler)."""
-    return (*_plan(func).native[:5], True)
+        self.native = (NATIVE_RECORD, self.name, mask, names, precision)
 
 
 def _is_numeric(t: Any) -> bool:

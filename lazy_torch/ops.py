@@ -9,11 +9,11 @@ import torch
 from lazy_torch import rng, sites
 from lazy_torch.dispatch import (
     NATIVE_SHARE,
+    _plan,
     assign,
     assign_node,
     become,
     dispatch,
-    local_record,
     record,
     special,
 )
@@ -83,7 +83,7 @@ def _lazy_index(device: Any) -> int | None:
     return (device.index or 0) if device.type == "lazy" else None
 
 
-@special(aten._to_copy.default, native=local_record(aten._to_copy.default))
+@special(aten._to_copy.default, native=_plan(aten._to_copy.default).native)
 def _to_copy(func, args, kwargs):
     x = args[0]
     device = kwargs.get("device")
