@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 import runtime
-from lazy_torch import amp, data_dependent, debug, meta_kernels, metrics, ops  # noqa: F401
+from lazy_torch import amp, attention, data_dependent, debug, meta_kernels, metrics, ops  # noqa: F401
 from lazy_torch.data import DeviceLoader, to_device
 from lazy_torch.foreach import declare_foreach_support
 from lazy_torch.rng import manual_seed

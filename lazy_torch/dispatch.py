@@ -46,6 +46,8 @@ _MATMUL_OPS = frozenset(
         "convolution.default",
         "convolution_backward.default",
         "linear.default",
+        "_scaled_dot_product_flash_attention_for_cpu.default",
+        "_scaled_dot_product_flash_attention_for_cpu_backward.default",
     )
 )
 _FALLBACK_EXCEPTIONS = (

@@ -10,6 +10,7 @@ jax.config.update("jax_enable_x64", True)
 
 from lowerings.registry import LOWERINGS, LoweringContext, lowering  # noqa: E402
 from lowerings import (  # noqa: E402, F401
+    attention,
     creation,
     decompositions,
     elementwise,
