@@ -3,9 +3,12 @@
 from runtime import config, metrics
 from runtime.device import device, devices, to_device, to_host
 from runtime.executor import (
+    Deferred,
     GraphError,
+    Launch,
     check_errors,
     executable_memory,
+    resolve,
     run_graph,
     set_cache_dir,
     stablehlo_text,
@@ -14,7 +17,9 @@ from runtime.executor import (
 from runtime.program import has_lowering, op_category, rng_state
 
 __all__ = [
+    "Deferred",
     "GraphError",
+    "Launch",
     "check_errors",
     "config",
     "device",
@@ -23,6 +28,7 @@ __all__ = [
     "has_lowering",
     "metrics",
     "op_category",
+    "resolve",
     "rng_state",
     "run_graph",
     "set_cache_dir",
