@@ -13,16 +13,7 @@ from __future__ import annotations
 import torch
 
 import runtime
-from lazy_torch import (  # noqa: F401
-    amp,
-    attention,
-    data_dependent,
-    debug,
-    meta_kernels,
-    metrics,
-    ops,
-    sync,
-)
+from lazy_torch import amp, attention, data_dependent, debug, meta_kernels, metrics, ops  # noqa: F401
 from lazy_torch.data import DeviceLoader, to_device
 from lazy_torch.foreach import declare_foreach_support
 from lazy_torch.rng import manual_seed
@@ -50,7 +41,7 @@ def set_cache_dir(path: str | None) -> None:
 
 def wait_device_ops() -> None:
     """Block until every dispatched graph has finished running."""
-    sync.wait_device_ops()
+    runtime.wait_device_ops()
 
 
 __all__ = [

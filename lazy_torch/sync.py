@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import collections
 import time
-import weakref
 from collections.abc import Iterable
 
 import runtime
 from lazy_core import Graph, Storage, cut_graph, data_leaf, live_storages, pending_storages
-from lazy_core.ir import DATA, Node
+from lazy_core.ir import DATA
 from lazy_torch import rng as _rng
 from lazy_torch.sites import user_site
 
@@ -32,31 +31,6 @@ def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
 
 _step = {"end": None, "synced": 0.0}  # when the last mark_step returned; sync time since
 
-# Launches of mark_step still being dispatched, with what each replaced: (storage, its pending
-# node before the barrier, the data leaf it got). A failed launch puts the pending nodes back.
-# Storages are held weakly: keeping one alive would keep its buffer from being donated.
-_launched: list[tuple[runtime.Launch, list[tuple[weakref.ref, Node, Node]]]] = []
-
-
-def settle() -> None:
-    """Wait until the dispatch thread has returned from every launch (the device may still be
-    running them), then forget them; if one failed, give every storage that still holds its
-    result the pending value it had before, and raise the launch's GraphError. A barrier comes
-    a whole step after the previous launch, so it rarely waits here."""
-    error = None
-    for launch, replaced in _launched:
-        launch.wait()
-        failed = launch.failed()
-        if failed is not None:
-            for ref, before, leaf in replaced:
-                storage = ref()
-                if storage is not None and storage.node is leaf:
-                    storage.set(before)
-            error = error or failed
-    _launched.clear()
-    if error is not None:
-        raise error
-
 
 def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
     """Compute the pending values of ``storages``; afterwards each holds a device buffer.
@@ -72,7 +46,6 @@ def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
 
 
 def _sync(storages: Iterable[Storage], cause: str, donate: bool) -> None:
-    settle()
     by_device: dict[int, list[Storage]] = {}
     computed = False
     for s in storages:
@@ -98,18 +71,12 @@ def _sync(storages: Iterable[Storage], cause: str, donate: bool) -> None:
         roots = [s.node for s in group]
         graph = graphs[device]
         donated = _donatable(graph, held) if donate else ()
-        step = cause == "mark_step"
         outputs = runtime.run_graph(
-            graph, device, donated, cause, defer_checks=step, site=site, background=step
+            graph, device, donated, cause, defer_checks=cause == "mark_step", site=site
         )
         buffers = {id(r): b for r, b in zip(graph.roots, outputs)}
-        replaced = []
         for s, root in zip(group, roots):
-            leaf = data_leaf(buffers[id(root)], root.dtype, root.shape)
-            replaced.append((weakref.ref(s), s.node, leaf))
-            s.set(leaf)
-        if outputs and type(outputs[0]) is runtime.Deferred:
-            _launched.append((outputs[0].launch, replaced))
+            s.set(data_leaf(buffers[id(root)], root.dtype, root.shape))
 
 
 def mark_step(wait: bool = False) -> None:
@@ -132,14 +99,8 @@ def mark_step(wait: bool = False) -> None:
     sync(pending_storages(), cause="mark_step", donate=runtime.config.DONATE)
     runtime.metrics.time("mark_step_time", time.perf_counter() - start)
     if wait:
-        wait_device_ops()
+        runtime.wait_device_ops()
     end = time.perf_counter()
     if _step["end"] is not None:
         runtime.metrics.time("step_time", end - _step["end"])
     _step["end"], _step["synced"] = end, 0.0
-
-
-def wait_device_ops() -> None:
-    """Block until every dispatched graph has finished running (raising what failed)."""
-    settle()
-    runtime.wait_device_ops()

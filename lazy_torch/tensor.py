@@ -191,7 +191,7 @@ def to_cpu(t: LazyTensor, cause: str = "cpu") -> torch.Tensor:
         window = Storage(node, view.storage.device)
         sync([window], cause)
         node = window.node
-    out = from_numpy(runtime.to_host(runtime.resolve(node.payload)), t.dtype)
+    out = from_numpy(runtime.to_host(node.payload), t.dtype)
     shape, stride, _, _ = t._meta
     if stride != contiguous_stride(shape) and out.numel() > 1:
         # Eager's copy keeps the strides of a dense layout and makes overlapping ones contiguous.

@@ -3,12 +3,9 @@
 from runtime import config, metrics
 from runtime.device import device, devices, to_device, to_host
 from runtime.executor import (
-    Deferred,
     GraphError,
-    Launch,
     check_errors,
     executable_memory,
-    resolve,
     run_graph,
     set_cache_dir,
     stablehlo_text,
@@ -17,9 +14,7 @@ from runtime.executor import (
 from runtime.program import has_lowering, op_category, rng_state
 
 __all__ = [
-    "Deferred",
     "GraphError",
-    "Launch",
     "check_errors",
     "config",
     "device",
@@ -28,7 +23,6 @@ __all__ = [
     "has_lowering",
     "metrics",
     "op_category",
-    "resolve",
     "rng_state",
     "run_graph",
     "set_cache_dir",

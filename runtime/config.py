@@ -22,6 +22,3 @@ CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
 DONATE: bool = _flag("LAZY_DONATE", default=True)
 # Record common ops in C (lazy_core/_native.cpp) when it is built; 0 keeps every op in Python.
 NATIVE: bool = _flag("LAZY_NATIVE", default=True)
-# Call the executables of mark_step on a background thread, so the next step's tracing overlaps
-# the call (on a GPU, the launch of every kernel of the step); 0 calls them on the user's thread.
-ASYNC_DISPATCH: bool = _flag("LAZY_ASYNC_DISPATCH", default=True)

@@ -36,95 +36,8 @@ class Executable:
         self.layout = layout  # the arguments of the graph's parameters
 
 
-class Launch:
-    """An execution handed to the dispatch thread; its outputs once the call has returned."""
-
-    __slots__ = ("_done", "_error", "_outputs")
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._outputs: tuple = ()
-        self._error: GraphError | None = None
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self) -> None:
-        self._done.wait()
-
-    def failed(self) -> GraphError | None:
-        """The error of a finished launch that failed (None while running or when it worked)."""
-        return self._error if self._done.is_set() else None
-
-    def outputs(self) -> tuple:
-        """Wait for the call to return; raise its GraphError if it failed."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._outputs
-
-
-class Deferred:
-    """Output ``index`` of a Launch: a data leaf's payload until the call returns."""
-
-    __slots__ = ("index", "launch")
-
-    def __init__(self, launch: Launch, index: int):
-        self.launch, self.index = launch, index
-
-    def get(self) -> jax.Array:
-        return self.launch.outputs()[self.index]
-
-
-def resolve(payload: Any) -> Any:
-    """A leaf's device buffer: ``payload`` itself, or the buffer a Deferred stands for (waits)."""
-    return payload.get() if type(payload) is Deferred else payload
-
-
-class _DispatchThread:
-    """Calls executables in order on one background thread. A call returns once XLA has queued
-    the program's work (on a GPU, after launching every kernel: milliseconds for a training
-    step) and releases the GIL meanwhile, so the next step's tracing goes on in parallel."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        atexit.register(self.stop)
-
-    def submit(self, exe: Executable, values: list, describe: str) -> Launch:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="lazy-dispatch", daemon=True)
-            self._thread.start()
-        launch = Launch()
-        self._queue.put((launch, exe, values, describe))
-        return launch
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            launch, exe, values, describe = item
-            start = time.perf_counter()
-            try:
-                # A Deferred argument belongs to an earlier call, which has returned (FIFO).
-                launch._outputs = tuple(exe.compiled(*[resolve(v) for v in values]))
-            except GraphError as e:  # an argument of a failed earlier call
-                launch._error = e
-            except Exception as e:  # noqa: BLE001 (raised where the outputs are used)
-                launch._error = GraphError(f"running {describe} failed: {type(e).__name__}: {e}")
-                launch._error.__cause__ = e
-            metrics.time("dispatch_time", time.perf_counter() - start)
-            del item, values
-            launch._done.set()
-
-
-_dispatcher = _DispatchThread()
 _cache: dict[Any, Executable] = {}
-_in_flight: list[Any] = []  # jax.Arrays and Deferreds of the last execution
+_in_flight: list[jax.Array] = []
 
 # Outputs of parameter-free graphs by key. Such a graph computes the same values every time
 # (transformers checks a mask derived from an arange at every step), so a sync on it reuses them
@@ -270,8 +183,7 @@ def run_graph(
     cause: str = "mark_step",
     defer_checks: bool = False,
     site: str = "<unknown>",
-    background: bool = False,
-) -> tuple[Any, ...]:
+) -> tuple[jax.Array, ...]:
     """Run ``graph`` on device ``device_index``; returns its root buffers.
 
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
@@ -281,10 +193,6 @@ def run_graph(
     A graph with runtime checks waits for them and raises eager's error (an out-of-range index,
     an integer division by zero) before returning, so the caller keeps every previous value; with
     ``defer_checks`` it returns without waiting and ``check_errors`` raises the error later.
-
-    With ``background`` (and ``config.ASYNC_DISPATCH``), a graph with parameters is called on the
-    dispatch thread and the results are Deferreds of its Launch; a failed call raises its
-    GraphError where a Deferred is resolved. Compiling stays on the caller's thread.
     """
     if not graph.params:
         found = _constant_results.get(graph.key)
@@ -307,21 +215,15 @@ def run_graph(
     else:
         exe = _cache[key] = _compile(graph, device_index, donate, cause, site)
     start = time.perf_counter()
-    if background and config.ASYNC_DISPATCH and graph.params:
-        job = _dispatcher.submit(exe, _param_values(graph, exe.layout), _describe(graph))
-        *outputs, checks = (Deferred(job, i) for i in range(len(graph.roots) + 1))
-    else:
-        try:
-            *outputs, checks = exe.compiled(*[resolve(v) for v in _param_values(graph, exe.layout)])
-        except GraphError:
-            raise
-        except Exception as e:
-            raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
-        metrics.time("dispatch_time", time.perf_counter() - start)
+    try:
+        *outputs, checks = exe.compiled(*_param_values(graph, exe.layout))
+    except Exception as e:
+        raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
     dispatched = time.perf_counter()
     metrics.count("executions")
     if donate:
         metrics.count("donated_buffers", len(donate))
+    metrics.time("dispatch_time", dispatched - start)
     metrics.size("graph_nodes", len(graph.nodes))
     _timer.watch(start, checks)
     if metrics.listening():
@@ -330,7 +232,7 @@ def run_graph(
         metrics.event(
             metrics.GraphEvent("execute", cause, site, graph.key, n, dispatched - start, kind)
         )
-    _in_flight[:] = [o for o in outputs if isinstance(o, (jax.Array, Deferred))]
+    _in_flight[:] = [o for o in outputs if isinstance(o, jax.Array)]
     if exe.errors:
         _unchecked.append((checks, exe.errors))
         if not defer_checks:
@@ -358,7 +260,7 @@ class _ExecutionTimer:
         self._thread: threading.Thread | None = None
         atexit.register(self.stop)
 
-    def watch(self, start: float, rows: Any) -> None:
+    def watch(self, start: float, rows: jax.Array) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="lazy-exec-timer", daemon=True)
             self._thread.start()
@@ -375,7 +277,7 @@ class _ExecutionTimer:
         while (item := self._queue.get()) is not None:
             start, rows = item
             try:
-                resolve(rows).block_until_ready()
+                rows.block_until_ready()
             except Exception:  # noqa: BLE001, S112 (a failed execution raises where it is observed)
                 continue
             end = time.perf_counter()
@@ -386,9 +288,8 @@ class _ExecutionTimer:
 _timer = _ExecutionTimer()
 
 
-# Runtime checks of dispatched executions nobody has looked at yet: (device rows or their
-# Deferred, error builders).
-_unchecked: list[tuple[Any, list]] = []
+# Runtime checks of dispatched executions nobody has looked at yet: (device rows, error builders).
+_unchecked: list[tuple[jax.Array, list]] = []
 
 
 def check_errors(wait: bool = True) -> None:
@@ -398,26 +299,19 @@ def check_errors(wait: bool = True) -> None:
     pending = list(_unchecked)
     _unchecked.clear()
     for i, (checks, errors) in enumerate(pending):
-        if not wait and not _ready(checks):
+        if not wait and not checks.is_ready():
             _unchecked.append(pending[i])
             continue
-        rows = np.asarray(resolve(checks))
+        rows = np.asarray(checks)
         for (bad, index), (bound, dim, size) in zip(rows.tolist(), errors):
             if bad:
                 raise bound.error(index, dim, size)
 
 
-def _ready(rows: Any) -> bool:
-    if type(rows) is Deferred:
-        return rows.launch.done() and (rows.launch.failed() is not None or rows.get().is_ready())
-    return rows.is_ready()
-
-
 def wait_device_ops() -> None:
     """Block until every dispatched execution has finished (and raise what it reported)."""
-    in_flight = list(_in_flight)
+    jax.block_until_ready(_in_flight)
     _in_flight.clear()
-    jax.block_until_ready([resolve(o) for o in in_flight])
     check_errors()
 
 
@@ -458,15 +352,12 @@ def drop_cache() -> None:
 
 
 __all__ = [
-    "Deferred",
     "GraphError",
-    "Launch",
     "cache_size",
     "check_errors",
     "drop_cache",
     "executable_memory",
     "lower",
-    "resolve",
     "run_graph",
     "set_cache_dir",
     "stablehlo_text",

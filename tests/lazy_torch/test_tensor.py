@@ -8,7 +8,6 @@ import torch
 import lazy_torch
 import runtime
 from lowerings import LOWERINGS
-from runtime import executor
 
 
 def test_factories_and_transfers_match_eager():
@@ -130,36 +129,6 @@ def test_failed_compile_leaves_values_intact(monkeypatch):
     with pytest.raises(runtime.GraphError, match=r"graph [0-9a-f]{16} \(\d+ nodes\).*boom"):
         lazy_torch.mark_step()
     monkeypatch.setitem(LOWERINGS, "aten.mul.Tensor", original)
-    assert y.tolist() == [3.0, 6.0]
-    assert x.tolist() == [1.0, 2.0]
-
-
-@pytest.mark.parametrize("observe", ["tolist", "wait_device_ops"])
-def test_failed_launch_raises_where_observed_and_leaves_values_intact(monkeypatch, observe):
-    # mark_step hands the executable call to the dispatch thread; a call that fails there is
-    # raised at the next barrier or wait, after the tensors got back their pending values.
-    real = executor._compile
-
-    def compile_broken(*args, **kwargs):
-        exe = real(*args, **kwargs)
-
-        def fail(*buffers):
-            raise RuntimeError("device lost")
-
-        return executor.Executable(fail, exe.errors, exe.layout)
-
-    x = torch.tensor([1.0, 2.0]).to("lazy")
-    y = x * 3
-    executor.drop_cache()  # an earlier test may have compiled the same graph
-    monkeypatch.setattr(executor, "_compile", compile_broken)
-    try:
-        lazy_torch.mark_step()
-        assert isinstance(y._lazy.storage.node.payload, runtime.Deferred)
-        with pytest.raises(runtime.GraphError, match=r"graph [0-9a-f]{16} .*device lost"):
-            y.tolist() if observe == "tolist" else lazy_torch.wait_device_ops()
-    finally:
-        monkeypatch.undo()
-        executor.drop_cache()
     assert y.tolist() == [3.0, 6.0]
     assert x.tolist() == [1.0, 2.0]
 
