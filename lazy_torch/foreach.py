@@ -124,19 +124,22 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
         values = [*args] + [_MISSING] * (len(arguments) - len(args))
         for k, v in kwargs.items():
             values[positions[k]] = v
-        values = [v.tolist() if r == "values" else v for v, r in zip(values, roles)]
-        calls = []
-        for e in range(len(values[roles.index("list")])):
-            e_args, e_kwargs = [], {}
-            for v, role, key in zip(values, roles, names):
-                if v is _MISSING:
-                    continue
-                v = v if role == "same" else v[e]
-                if key is None:
-                    e_args.append(v)
-                else:
-                    e_kwargs[key] = v
-            calls.append((tuple(e_args), e_kwargs))
+        # One column per argument (a list, or one value repeated), zipped into per-element calls.
+        n = len(values[roles.index("list")])
+        positional, keys, keyed = [], [], []
+        for v, role, key in zip(values, roles, names):
+            if v is _MISSING:
+                continue
+            column = v if role == "list" else v.tolist() if role == "values" else [v] * n
+            if key is None:
+                positional.append(column)
+            else:
+                keys.append(key)
+                keyed.append(column)
+        if keyed:
+            calls = [(a, dict(zip(keys, k))) for a, k in zip(zip(*positional), zip(*keyed))]
+        else:
+            calls = [(a, {}) for a in zip(*positional)]
         if fusable and calls:
             targets = [a[0] for a, _ in calls] if inplace else None
             out = record_elements(element, calls, targets)
