@@ -71,8 +71,12 @@ def _fused(args: tuple, dropout_p: float, is_causal: bool, scale: Any, enable_gq
     )
     fused = _choices.get(key)
     if fused is None:
-        flags = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
-        flags["enable_gqa"] = enable_gqa
+        flags = {
+            "dropout_p": dropout_p,
+            "is_causal": is_causal,
+            "scale": scale,
+            "enable_gqa": enable_gqa,
+        }
         _validate(list(args), flags)
         choice = aten._fused_sdp_choice(*(_cpu_like(a) for a in args), **flags)
         fused = _choices[key] = choice == _FLASH

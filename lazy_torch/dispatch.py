@@ -59,13 +59,14 @@ _FALLBACK_EXCEPTIONS = (
 
 def special(*funcs: Any, native: tuple | None = None) -> Callable[[Handler], Handler]:
     """Register a hand-written handler for ``funcs`` (copy_, _to_copy, sync points, ...);
-    ``native``: the C fast path's plan that does the same (see ``NATIVE_RECORD``)."""
+    ``native``: the C fast path's plan that does the same (see ``NATIVE_RECORD``);
+    ``(NATIVE_RECORD,)`` stands for each func's own record plan."""
 
     def register(fn: Handler) -> Handler:
         for f in funcs:
             _handlers[id(f)] = fn
             if native is not None and _native is not None:
-                _native.register(f, native)
+                _native.register(f, _plan(f).native if native == (NATIVE_RECORD,) else native)
         return fn
 
     return register

@@ -8,8 +8,8 @@ import torch
 
 from lazy_torch import rng, sites
 from lazy_torch.dispatch import (
+    NATIVE_RECORD,
     NATIVE_SHARE,
-    _plan,
     assign,
     assign_node,
     become,
@@ -83,7 +83,7 @@ def _lazy_index(device: Any) -> int | None:
     return (device.index or 0) if device.type == "lazy" else None
 
 
-@special(aten._to_copy.default, native=_plan(aten._to_copy.default).native)
+@special(aten._to_copy.default, native=(NATIVE_RECORD,))
 def _to_copy(func, args, kwargs):
     x = args[0]
     device = kwargs.get("device")

@@ -45,10 +45,14 @@ def _ungroup(grad: Any, kv: Any) -> Any:
     return jnp.sum(jnp.reshape(grad, shape), axis=-3)
 
 
+def _scale(q: Any, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
 def _scores(ctx, q, k, is_causal, attn_mask, scale) -> Any:
     """Scaled, masked scores in the accumulation dtype."""
     acc = accumulation_dtype(q.dtype)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale = _scale(q, scale)
     s = _product(ctx, q, k, acc) * jnp.asarray(scale, acc)
     if attn_mask is not None:
         s = s + attn_mask.astype(acc)
@@ -91,7 +95,7 @@ def _attention_backward(
     k, v = _groups(query, key), _groups(query, value)
     s = _scores(ctx, query, k, is_causal, attn_mask, scale)
     acc = s.dtype
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scale = _scale(query, scale)
     # Recomputed as the forward computed them: more accurate than exp(s - logsumexp).
     p, _ = _softmax(s)
     grad_v = _product(ctx, _t(p.astype(grad_out.dtype)), _t(grad_out), acc)
