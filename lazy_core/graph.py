@@ -85,7 +85,7 @@ def _walk(roots: tuple[Node, ...], data: str, scalar: str) -> tuple[tuple, tuple
     the wiring: the key must tell apart graphs whose nodes hash alike but are wired differently
     (leaves hash by shape and dtype only), so it gets the parameter index of every leaf and, for
     every edge into a node already walked, that node's post-order position. (In C when built:
-    lazy_core/_native.cpp.)"""
+    lazy_core/csrc.)"""
     order: list[Node] = []
     params: list[Node] = []
     param_pos: dict[int, int] = {}

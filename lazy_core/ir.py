@@ -84,7 +84,7 @@ class Operand(tuple):
         return f"%{self[1]}"
 
 
-# The C extension (lazy_core/_native.cpp), None when it is not built; the rest of the package
+# The C extension (lazy_core/csrc), None when it is not built; the rest of the package
 # takes it from here. Its Node type has the same attributes, hash, num_outputs and repr as
 # PyNode at about a fifth of the construction cost; the site it records is the one given to its
 # own attribute_to.

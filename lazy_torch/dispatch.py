@@ -89,7 +89,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 # Per-op plans: which argument slots are Scalars (graph operands) and which are attributes.
 
 
-# Kinds of plan for the C fast path (lazy_core/_native.cpp): ``record`` an op, make a view from
+# Kinds of plan for the C fast path (lazy_core/csrc): ``record`` an op, make a view from
 # the view memo, or share the argument's view (detach, alias). Other handlers have no plan.
 NATIVE_RECORD, NATIVE_VIEW, NATIVE_SHARE = 0, 1, 2
 

@@ -102,7 +102,7 @@ class LazyTensor(torch.Tensor):
         self._lazy, self._meta = new._lazy, new._meta
 
     if _native is not None:
-        # C: records common ops itself and calls ``dispatch`` for the rest (lazy_core/_native.cpp).
+        # C: records common ops itself and calls ``dispatch`` for the rest (lazy_core/csrc).
         __torch_dispatch__ = classmethod(_native.dispatch)
     else:
 

@@ -20,5 +20,5 @@ DUMP_DIR: str = os.environ.get("LAZY_DUMP_DIR", "").strip()
 CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
 # Donate the buffers a mark_step overwrites (parameters, optimizer state) to its outputs.
 DONATE: bool = _flag("LAZY_DONATE", default=True)
-# Record common ops in C (lazy_core/_native.cpp) when it is built; 0 keeps every op in Python.
+# Record common ops in C (lazy_core/csrc) when it is built; 0 keeps every op in Python.
 NATIVE: bool = _flag("LAZY_NATIVE", default=True)

@@ -1,4 +1,4 @@
-"""The C extension (lazy_core/_native.cpp) against its Python twins: Node and the graph walk."""
+"""The C extension (lazy_core/csrc) against its Python twins: Node and the graph walk."""
 
 import gc
 import random

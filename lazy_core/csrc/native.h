@@ -1,0 +1,91 @@
+// Declarations shared by the translation units of the C extension lazy_core._native:
+// node.cpp (the IR Node type and the graph walk), record.cpp (recording one op, or a foreach op's
+// elements, as IR) and dispatch.cpp (__torch_dispatch__, views, plans and configuration).
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+namespace lazy_native {
+
+// Owned reference that releases itself.
+struct Ref {
+    PyObject* p;
+    explicit Ref(PyObject* o = nullptr) : p(o) {}
+    ~Ref() { Py_XDECREF(p); }
+    Ref(const Ref&) = delete;
+    Ref& operator=(const Ref&) = delete;
+    PyObject* release() {
+        PyObject* o = p;
+        p = nullptr;
+        return o;
+    }
+    explicit operator bool() const { return p != nullptr; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// node.cpp
+
+struct NodeObject {
+    PyObject_HEAD
+    PyObject *op, *src, *arg, *dtype, *shape, *payload, *site;
+    Py_hash_t hash;
+    PyObject* weakrefs;
+    // The graph walk's marks: the walk that last reached this node, and the node's post-order
+    // position in it (-1 while on its stack). No map from nodes to positions is needed.
+    unsigned long long walk;
+    Py_ssize_t position;
+};
+
+extern PyTypeObject NodeType;
+PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames);
+// Ready the Node type; add it and the node functions (attribute_to, current_site, walk).
+bool add_nodes(PyObject* module);
+
+// ---------------------------------------------------------------------------------------------
+// record.cpp and dispatch.cpp
+
+struct Config {
+    PyObject* tensor_type = nullptr;   // the lazy tensor class (instances hold _lazy and _meta)
+    PyObject* foreign_type = nullptr;  // other tensors: handed to `foreign`
+    PyObject* fallback = nullptr;      // Python dispatch(func, args, kwargs)
+    PyObject* flags = nullptr;         // a dict; a true "recording" entry sends every op to Python
+    PyObject* meta_cache = nullptr;    // shape-inference memo: key -> Meta
+    PyObject* constants = nullptr;     // (kind, value) -> constant Node
+    PyObject* dtype_names = nullptr;   // dtype object -> IR dtype name
+    PyObject* scalar_leaf = nullptr;   // scalar_leaf(value, dtype)
+    PyObject* storage = nullptr;       // Storage(node, device)
+    PyObject* wrap = nullptr;          // wrap(storage, meta) -> tensor
+    PyObject* foreign = nullptr;       // foreign(t) -> (node, key); raises when t cannot be one
+    PyObject* operands = nullptr;      // tuple: Operand(i) for small i
+    PyObject* view_cache = nullptr;    // view key -> (Meta or Metas, view steps)
+    PyObject* make_wrapper = nullptr;  // make_wrapper(cls, shape, dtype=, device=): a new tensor
+    PyObject* devices = nullptr;       // device objects by index
+    PyObject* str_types = nullptr;     // argument types that enter templates as str(value)
+    PyObject* getitem_op = nullptr;    // the op name of a multi-output node's output i
+};
+
+extern Config cfg;
+// Interned attribute names (dispatch.cpp makes them).
+extern PyObject *s_lazy, *s_meta, *s_device, *s_node, *s_recording, *s_precision, *s_then,
+    *s_storage;
+extern PyObject* scalar_dtypes[4];  // IR dtype names of bool, int, float, complex
+
+// One op's operands, as the Python path's _Operands.
+struct Operands {
+    Ref srcs{PyList_New(0)};
+    Ref keys{PyList_New(0)};
+    Ref device;
+};
+
+PyObject* attr(Operands* ops, PyObject* v);
+bool is_single_meta(PyObject* meta, PyObject** dtype_name);
+PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device);
+PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs);
+// Add the recording functions (elements).
+bool add_recording(PyObject* module);
+// Intern the attribute names; add dispatch, register, configure and stats.
+bool add_dispatch(PyObject* module);
+
+}  // namespace lazy_native

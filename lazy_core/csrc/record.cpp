@@ -1,0 +1,414 @@
+// The per-op recording fast path, in C: one call from __torch_dispatch__ records a common op
+// (arguments that are lazy tensors, Python numbers and plain attributes; a memoized single-output
+// shape) as one IR node and returns its new tensor.
+//
+// It mirrors the front end's Python path (lazy_torch/dispatch.py: _template, record) step by step
+// and knows nothing of torch: the front end configures it with its tensor class, node and storage
+// constructors, caches and callbacks. Anything it does not handle exactly like the Python path
+// (an op without a registered plan, an uncached shape, a multi-output op, an unusual argument, an
+// error) makes it call the Python path instead, which does the whole op again. So it never
+// raises an error of its own and never leaves a half-recorded op.
+//
+// Written against the CPython C API (METH_FASTCALL, vectorcall): a binding layer's per-call
+// argument conversion would cost as much as the Python work this replaces.
+
+#include "native.h"
+
+#include <cmath>
+
+namespace lazy_native {
+
+// The marker of the last operand: from the table, past it a new one of the table's type
+// (a foreach op over many tensors has thousands of operands).
+PyObject* operand_marker(Operands& ops) {
+    Py_ssize_t i = PyList_GET_SIZE(ops.srcs.p) - 1;
+    if (i >= PyTuple_GET_SIZE(cfg.operands)) {
+        Ref index(PyLong_FromSsize_t(i));
+        if (!index) return nullptr;
+        return PyObject_CallOneArg((PyObject*)Py_TYPE(PyTuple_GET_ITEM(cfg.operands, 0)), index.p);
+    }
+    PyObject* m = PyTuple_GET_ITEM(cfg.operands, i);
+    Py_INCREF(m);
+    return m;
+}
+
+bool append(PyObject* list, PyObject* item) {  // steals item
+    if (item == nullptr) return false;
+    int rc = PyList_Append(list, item);
+    Py_DECREF(item);
+    return rc == 0;
+}
+
+PyObject* lazy_operand(Operands& ops, PyObject* t) {
+    Ref view(PyObject_GetAttr(t, s_lazy));
+    if (!view) return nullptr;
+    Ref device(PyObject_GetAttr(view.p, s_device));
+    if (!device) return nullptr;
+    if (!ops.device) {
+        ops.device.p = device.release();
+    } else if (device.p != ops.device.p &&
+               PyObject_RichCompareBool(device.p, ops.device.p, Py_EQ) != 1) {
+        return nullptr;  // the Python path raises PyTorch's device-mismatch error
+    }
+    if (!append(ops.srcs.p, PyObject_GetAttr(view.p, s_node))) return nullptr;
+    if (!append(ops.keys.p, PyObject_GetAttr(t, s_meta))) return nullptr;
+    return operand_marker(ops);
+}
+
+PyObject* foreign_operand(Operands& ops, PyObject* t) {
+    Ref pair(PyObject_CallOneArg(cfg.foreign, t));
+    if (!pair || !PyTuple_Check(pair.p) || PyTuple_GET_SIZE(pair.p) != 2) return nullptr;
+    PyObject* node = PyTuple_GET_ITEM(pair.p, 0);
+    PyObject* key = PyTuple_GET_ITEM(pair.p, 1);
+    Py_INCREF(node);
+    Py_INCREF(key);
+    if (!append(ops.srcs.p, node) || !append(ops.keys.p, key)) return nullptr;
+    return operand_marker(ops);
+}
+
+// 0 for bool, 1 int, 2 float, 3 complex (exact types only, as the Python path); -1 otherwise.
+int number_kind(PyObject* v) {
+    PyTypeObject* t = Py_TYPE(v);
+    if (t == &PyBool_Type) return 0;
+    if (t == &PyLong_Type) return 1;
+    if (t == &PyFloat_Type) return 2;
+    if (t == &PyComplex_Type) return 3;
+    return -1;
+}
+
+// 0 and 1 are baked into graphs; -0.0 is not 0 here (its sign matters to division).
+bool is_constant(PyObject* v, int kind) {
+    switch (kind) {
+        case 0:
+            return true;
+        case 1: {
+            int overflow = 0;
+            long x = PyLong_AsLongAndOverflow(v, &overflow);
+            return !overflow && (x == 0 || x == 1);
+        }
+        case 2: {
+            double d = PyFloat_AS_DOUBLE(v);
+            return (d == 0.0 && !std::signbit(d)) || d == 1.0;
+        }
+        default: {
+            Py_complex c = PyComplex_AsCComplex(v);
+            return c.imag == 0.0 && (c.real == 0.0 || c.real == 1.0);
+        }
+    }
+}
+
+PyObject* scalar_operand(Operands& ops, PyObject* v, int kind) {
+    PyObject* type = (PyObject*)Py_TYPE(v);
+    PyObject* node;
+    if (is_constant(v, kind)) {
+        Ref key(PyTuple_Pack(2, type, v));
+        if (!key) return nullptr;
+        node = PyDict_GetItemWithError(cfg.constants, key.p);  // borrowed
+        if (node == nullptr) return nullptr;                   // made once, by the Python path
+        Py_INCREF(node);
+    } else {
+        PyObject* call[2] = {v, scalar_dtypes[kind]};
+        node = PyObject_Vectorcall(cfg.scalar_leaf, call, 2, nullptr);
+    }
+    if (!append(ops.srcs.p, node)) return nullptr;
+    Py_INCREF(type);
+    if (!append(ops.keys.p, type)) return nullptr;
+    return operand_marker(ops);
+}
+
+// A dtype as its IR name, a device, layout or memory format as its str; nullptr for anything
+// else (generators, symbolic ints, ...: the Python path's).
+PyObject* named(PyObject* v) {
+    PyObject* name = PyDict_GetItemWithError(cfg.dtype_names, v);
+    if (name != nullptr) {
+        Py_INCREF(name);
+        return name;
+    }
+    if (PyErr_Occurred()) return nullptr;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(cfg.str_types); i++) {
+        if (Py_TYPE(v) == (PyTypeObject*)PyTuple_GET_ITEM(cfg.str_types, i)) return PyObject_Str(v);
+    }
+    return nullptr;
+}
+
+// A non-Scalar argument as a hashable entry. In a template (``ops`` given; the Python path's
+// _attr) a lazy tensor becomes an operand; in a view's memo key (``ops`` null; _view_key) it is
+// its Meta. Sequences become tuples, dtypes their names, other plain values stay themselves.
+PyObject* attr(Operands* ops, PyObject* v) {
+    PyTypeObject* t = Py_TYPE(v);
+    if (t == &PyLong_Type || t == &PyUnicode_Type || v == Py_None || t == &PyBool_Type ||
+        t == &PyFloat_Type) {
+        Py_INCREF(v);
+        return v;
+    }
+    if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.tensor_type))
+        return ops ? lazy_operand(*ops, v) : PyObject_GetAttr(v, s_meta);
+    if (PyTuple_Check(v) || PyList_Check(v)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+        PyObject** items = PySequence_Fast_ITEMS(v);
+        Ref out(PyTuple_New(n));
+        if (!out) return nullptr;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject* e = attr(ops, items[i]);
+            if (e == nullptr) return nullptr;
+            PyTuple_SET_ITEM(out.p, i, e);
+        }
+        return out.release();
+    }
+    if (ops && PyObject_TypeCheck(v, (PyTypeObject*)cfg.foreign_type))
+        return foreign_operand(*ops, v);
+    return named(v);
+}
+
+PyObject* entry(Operands& ops, PyObject* v, bool scalar_slot) {
+    if (Py_TYPE(v) == (PyTypeObject*)cfg.tensor_type) return lazy_operand(ops, v);
+    if (scalar_slot) {
+        int kind = number_kind(v);
+        if (kind >= 0) return scalar_operand(ops, v, kind);
+    }
+    return attr(&ops, v);
+}
+
+bool is_single_meta(PyObject* meta, PyObject** dtype_name) {
+    if (!PyTuple_CheckExact(meta) || PyTuple_GET_SIZE(meta) != 4) return false;
+    *dtype_name = PyDict_GetItemWithError(cfg.dtype_names, PyTuple_GET_ITEM(meta, 3));
+    return *dtype_name != nullptr;
+}
+
+bool is_dense(PyObject* shape, PyObject* stride) {
+    if (!PyTuple_Check(shape) || !PyTuple_Check(stride)) return false;
+    Py_ssize_t n = PyTuple_GET_SIZE(shape);
+    if (PyTuple_GET_SIZE(stride) != n) return false;
+    long long expected = 1;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+        long long st = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
+        if (PyErr_Occurred() || st != expected) return false;
+        expected *= size > 1 ? size : 1;
+    }
+    return true;
+}
+
+// A new tensor holding ``view`` on device ``device`` (the Python path's wrap). A dense tensor at
+// offset 0 passes only what it must: keyword arguments cost their parsing.
+PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device) {
+    PyObject* shape = PyTuple_GET_ITEM(meta, 0);
+    PyObject* stride = PyTuple_GET_ITEM(meta, 1);
+    PyObject* offset = PyTuple_GET_ITEM(meta, 2);
+    Py_ssize_t index = PyLong_Check(device) ? PyLong_AsSsize_t(device) : -1;
+    if (index < 0 || index >= PyTuple_GET_SIZE(cfg.devices) || !PyLong_Check(offset)) {
+        PyErr_Clear();
+        PyObject* wrap_args[2] = {view, meta};
+        return PyObject_Vectorcall(cfg.wrap, wrap_args, 2, nullptr);
+    }
+    static PyObject* dense_kwnames = Py_BuildValue("(ss)", "dtype", "device");
+    static PyObject* strided_kwnames =
+        Py_BuildValue("(ssss)", "strides", "storage_offset", "dtype", "device");
+    PyObject* dtype = PyTuple_GET_ITEM(meta, 3);
+    PyObject* dev = PyTuple_GET_ITEM(cfg.devices, index);
+    bool dense = PyLong_AsLong(offset) == 0 && is_dense(shape, stride);
+    PyErr_Clear();
+    Ref t;
+    if (dense) {
+        PyObject* call[4] = {cfg.tensor_type, shape, dtype, dev};
+        t.p = PyObject_Vectorcall(cfg.make_wrapper, call, 2, dense_kwnames);
+    } else {
+        PyObject* call[6] = {cfg.tensor_type, shape, stride, offset, dtype, dev};
+        t.p = PyObject_Vectorcall(cfg.make_wrapper, call, 2, strided_kwnames);
+    }
+    if (!t || PyObject_SetAttr(t.p, s_lazy, view) < 0 || PyObject_SetAttr(t.p, s_meta, meta) < 0)
+        return nullptr;
+    return t.release();
+}
+
+// A new tensor with its own storage holding ``node`` (the Python path's fresh).
+PyObject* fresh(PyObject* node, PyObject* meta, PyObject* device) {
+    PyObject* storage_args[2] = {node, device};
+    Ref storage(PyObject_Vectorcall(cfg.storage, storage_args, 2, nullptr));
+    return storage ? make_tensor(storage.p, meta, device) : nullptr;
+}
+
+// The template of one call of a RECORD plan's op and its memoized Meta (borrowed), the Python
+// path's _template and infer; ops.keys from ``first`` on are this call's.
+bool templated(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops,
+               Py_ssize_t first, Ref& args_t, Ref& kwargs_t, PyObject** meta) {
+    PyObject* mask = PyTuple_GET_ITEM(plan, 2);
+    PyObject* scalar_names = PyTuple_GET_ITEM(plan, 3);
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    args_t.p = PyTuple_New(n);
+    if (!args_t) return false;
+    Py_ssize_t slots = PyTuple_GET_SIZE(mask);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        bool scalar_slot = i < slots && PyTuple_GET_ITEM(mask, i) == Py_True;
+        PyObject* e = entry(ops, PyTuple_GET_ITEM(args, i), scalar_slot);
+        if (e == nullptr) return false;
+        PyTuple_SET_ITEM(args_t.p, i, e);
+    }
+    Py_ssize_t nk = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
+    kwargs_t.p = PyTuple_New(nk);
+    if (!kwargs_t) return false;
+    if (nk) {
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(kwargs, &pos, &k, &v)) {
+            int scalar_slot = PySet_Contains(scalar_names, k);
+            if (scalar_slot < 0) return false;
+            PyObject* e = entry(ops, v, scalar_slot == 1);
+            if (e == nullptr) return false;
+            PyObject* pair = PyTuple_Pack(2, k, e);
+            Py_DECREF(e);
+            if (pair == nullptr) return false;
+            PyTuple_SET_ITEM(kwargs_t.p, i++, pair);
+        }
+    }
+    Ref keys(PyList_GetSlice(ops.keys.p, first, PyList_GET_SIZE(ops.keys.p)));
+    if (!keys) return false;
+    PyObject* keys_t = PyList_AsTuple(keys.p);
+    if (keys_t == nullptr) return false;
+    Ref key(Py_BuildValue("(OOON)", PyTuple_GET_ITEM(plan, 1), args_t.p, kwargs_t.p, keys_t));
+    if (!key) return false;
+    *meta = PyDict_GetItemWithError(cfg.meta_cache, key.p);
+    return *meta != nullptr;
+}
+
+// The outputs of a multi-output op: one node with a dtype and shape per output (None where
+// the op produces none), and a tensor per output on its getitem node, in a tuple or list as
+// ``metas`` is (the Python path's _wrap_outputs).
+PyObject* record_outputs(PyObject* name, PyObject* srcs, PyObject* arg, PyObject* metas,
+                         PyObject* device) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(metas);
+    PyObject** items = PySequence_Fast_ITEMS(metas);
+    Ref dtypes(PyTuple_New(n)), shapes(PyTuple_New(n));
+    if (!dtypes || !shapes) return nullptr;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *dtype = Py_None, *shape = Py_None;
+        if (items[i] != Py_None) {
+            if (!is_single_meta(items[i], &dtype)) return nullptr;
+            shape = PyTuple_GET_ITEM(items[i], 0);
+        }
+        Py_INCREF(dtype);
+        Py_INCREF(shape);
+        PyTuple_SET_ITEM(dtypes.p, i, dtype);
+        PyTuple_SET_ITEM(shapes.p, i, shape);
+    }
+    PyObject* node_args[5] = {name, srcs, arg, dtypes.p, shapes.p};
+    Ref node(node_new(&NodeType, node_args, 5, nullptr));
+    Ref source(node ? PyTuple_Pack(1, node.p) : nullptr);
+    Ref outs(PyTuple_New(n));
+    if (!source || !outs) return nullptr;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* out = Py_None;
+        if (items[i] == Py_None) {
+            Py_INCREF(out);
+        } else {
+            Ref index(PyLong_FromSsize_t(i));
+            if (!index) return nullptr;
+            PyObject* getitem_args[5] = {cfg.getitem_op, source.p, index.p,
+                                         PyTuple_GET_ITEM(dtypes.p, i), PyTuple_GET_ITEM(shapes.p, i)};
+            Ref output(node_new(&NodeType, getitem_args, 5, nullptr));
+            out = output ? fresh(output.p, items[i], device) : nullptr;
+            if (out == nullptr) return nullptr;
+        }
+        PyTuple_SET_ITEM(outs.p, i, out);
+    }
+    return PyTuple_CheckExact(metas) ? outs.release() : PySequence_List(outs.p);
+}
+
+// Whether the ``device`` keyword is absent, None or the device of index ``device``.
+bool on_own_device(PyObject* kwargs, PyObject* device) {
+    PyObject* v = PyDict_GetItemWithError(kwargs, s_device);
+    if (v == nullptr || v == Py_None) return v == Py_None || !PyErr_Occurred();
+    Py_ssize_t index = PyLong_AsSsize_t(device);
+    if (index < 0 || index >= PyTuple_GET_SIZE(cfg.devices)) return false;
+    return PyObject_RichCompareBool(v, PyTuple_GET_ITEM(cfg.devices, index), Py_EQ) == 1;
+}
+
+// The whole op, or nullptr to hand it to the Python path.
+PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
+    PyObject* name = PyTuple_GET_ITEM(plan, 1);
+    PyObject* precision = PyTuple_GET_ITEM(plan, 4);
+    Operands ops;
+    if (!ops.srcs || !ops.keys) return nullptr;
+    Ref args_t, kwargs_t;
+    PyObject* meta;
+    PyObject* dtype_name;
+    if (!templated(plan, args, kwargs, ops, 0, args_t, kwargs_t, &meta)) return nullptr;
+    if (!ops.device) return nullptr;  // factories take their device from keywords
+    if (kwargs && !on_own_device(kwargs, ops.device.p)) return nullptr;  // e.g. _to_copy to CPU
+    bool single = is_single_meta(meta, &dtype_name);
+    if (!single && (PyErr_Occurred() || !(PyTuple_CheckExact(meta) || PyList_CheckExact(meta))))
+        return nullptr;
+
+    if (precision != Py_None) {  // matmuls record the float32 precision in force
+        Ref p(PyObject_CallNoArgs(precision));
+        if (!p) return nullptr;
+        Ref extra(Py_BuildValue("((OO))", s_precision, p.p));
+        if (!extra) return nullptr;
+        PyObject* joined = PySequence_Concat(kwargs_t.p, extra.p);
+        if (joined == nullptr) return nullptr;
+        Py_SETREF(kwargs_t.p, joined);
+    }
+    Ref arg(PyTuple_Pack(2, args_t.p, kwargs_t.p));
+    Ref srcs(PyList_AsTuple(ops.srcs.p));
+    if (!arg || !srcs) return nullptr;
+    if (!single) return record_outputs(name, srcs.p, arg.p, meta, ops.device.p);
+    PyObject* node_args[5] = {name, srcs.p, arg.p, dtype_name, PyTuple_GET_ITEM(meta, 0)};
+    Ref node(node_new(&NodeType, node_args, 5, nullptr));
+    return node ? fresh(node.p, meta, ops.device.p) : nullptr;
+}
+
+// elements(plan, calls): the operands, per-call templates and Metas of a foreach op's element
+// calls ``[(args, kwargs), ...]`` sharing one operand list (lazy_torch's record_elements), or
+// None where the Python path must do it.
+PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 5 ||
+        !PyList_CheckExact(argv[1])) {
+        PyErr_SetString(PyExc_TypeError, "elements(record plan, [(args, kwargs), ...])");
+        return nullptr;
+    }
+    PyObject* plan = argv[0];
+    PyObject* calls = argv[1];
+    Operands ops;
+    Py_ssize_t n = PyList_GET_SIZE(calls);
+    Ref templates(PyTuple_New(n)), metas(PyList_New(n));
+    bool ok = ops.srcs && ops.keys && templates && metas;
+    for (Py_ssize_t e = 0; ok && e < n; e++) {
+        PyObject* call = PyList_GET_ITEM(calls, e);
+        if (!PyTuple_CheckExact(call) || PyTuple_GET_SIZE(call) != 2 ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(call, 0)) ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(call, 1))) {
+            ok = false;
+            break;
+        }
+        PyObject* kwargs = PyTuple_GET_ITEM(call, 1);
+        Ref args_t, kwargs_t;
+        PyObject* meta;
+        ok = templated(plan, PyTuple_GET_ITEM(call, 0), PyDict_GET_SIZE(kwargs) ? kwargs : nullptr,
+                       ops, PyList_GET_SIZE(ops.keys.p), args_t, kwargs_t, &meta);
+        if (!ok) break;
+        PyObject* pair = PyTuple_Pack(2, args_t.p, kwargs_t.p);
+        ok = pair != nullptr;
+        if (!ok) break;
+        PyTuple_SET_ITEM(templates.p, e, pair);
+        Py_INCREF(meta);
+        PyList_SET_ITEM(metas.p, e, meta);
+    }
+    if (!ok || !ops.device) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Ref srcs(PyList_AsTuple(ops.srcs.p));
+    if (!srcs) return nullptr;
+    return PyTuple_Pack(4, srcs.p, templates.p, metas.p, ops.device.p);
+}
+
+PyMethodDef recording_methods[] = {
+    {"elements", (PyCFunction)(void (*)(void))elements, METH_FASTCALL,
+     "elements(plan, calls) -> (srcs, templates, metas, device) or None: a foreach op's elements."},
+    {nullptr, nullptr, 0, nullptr}};
+
+bool add_recording(PyObject* module) {
+    return PyModule_AddFunctions(module, recording_methods) == 0;
+}
+
+}  // namespace lazy_native
