@@ -392,6 +392,19 @@ def record_elements(func: Any, calls: list[tuple[tuple, dict]], targets: list | 
     if found is None:
         found = _elements(func, plan, calls)
     srcs, templates, metas, device = found
+    arg = ((plan.name, templates), ())
+    outputs = _foreach_outputs if _native is None else _native.foreach_outputs
+    try:
+        return outputs(FOREACH, srcs, arg, metas, device, targets)
+    except NotWritable as e:
+        raise RuntimeError(str(e)) from None
+
+
+def _foreach_outputs(
+    op: str, srcs: tuple, arg: Any, metas: list, device: int, targets: list | None
+) -> Any:
+    """The element results as one ``op`` node: new tensors, or each its target's new value; None
+    when an element does not fit (in C when built: ``_native.foreach_outputs``)."""
     for i, meta in enumerate(metas):
         if not _is_single(meta) or not meta[3].is_floating_point:
             return None
@@ -399,12 +412,11 @@ def record_elements(func: Any, calls: list[tuple[tuple, dict]], targets: list | 
             target = targets[i]
             if type(target) is not LazyTensor or (meta[0], meta[3]) != target._meta[::3]:
                 return None
-    arg = ((plan.name, templates), ())
     if targets is None:
-        return _wrap_outputs(FOREACH, srcs, arg, metas, device)
-    node = _multi_node(FOREACH, srcs, arg, metas)
+        return _wrap_outputs(op, srcs, arg, metas, device)
+    node = _multi_node(op, srcs, arg, metas)
     for i, target in enumerate(targets):
-        assign_node(target, getitem(node, i))
+        target._lazy.assign(getitem(node, i))
     return targets
 
 

@@ -165,7 +165,7 @@ PyObject* register_plan(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
         }
     }
     if (!ok) {
-        PyErr_SetString(PyExc_TypeError, "register(func, plan): see the plan kinds in csrc/dispatch.cpp");
+        PyErr_SetString(PyExc_TypeError, "register(func, plan): see the plan kinds in dispatch.cpp");
         return nullptr;
     }
     PyObject*& slot = plans[argv[0]];

@@ -271,11 +271,9 @@ bool templated(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops,
     return *meta != nullptr;
 }
 
-// The outputs of a multi-output op: one node with a dtype and shape per output (None where
-// the op produces none), and a tensor per output on its getitem node, in a tuple or list as
-// ``metas`` is (the Python path's _wrap_outputs).
-PyObject* record_outputs(PyObject* name, PyObject* srcs, PyObject* arg, PyObject* metas,
-                         PyObject* device) {
+// A node with one output per Meta of ``metas`` (None where the op produces none): its dtypes and
+// shapes are tuples (the Python path's _multi_node).
+PyObject* multi_node(PyObject* name, PyObject* srcs, PyObject* arg, PyObject* metas) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(metas);
     PyObject** items = PySequence_Fast_ITEMS(metas);
     Ref dtypes(PyTuple_New(n)), shapes(PyTuple_New(n));
@@ -292,7 +290,27 @@ PyObject* record_outputs(PyObject* name, PyObject* srcs, PyObject* arg, PyObject
         PyTuple_SET_ITEM(shapes.p, i, shape);
     }
     PyObject* node_args[5] = {name, srcs, arg, dtypes.p, shapes.p};
-    Ref node(node_new(&NodeType, node_args, 5, nullptr));
+    return node_new(&NodeType, node_args, 5, nullptr);
+}
+
+// Output ``i`` of a multi-output node (ir.py's getitem); ``source`` is the tuple (node,).
+PyObject* output_node(PyObject* source, Py_ssize_t i) {
+    NodeObject* node = (NodeObject*)PyTuple_GET_ITEM(source, 0);
+    Ref index(PyLong_FromSsize_t(i));
+    if (!index) return nullptr;
+    PyObject* args[5] = {cfg.getitem_op, source, index.p, PyTuple_GET_ITEM(node->dtype, i),
+                         PyTuple_GET_ITEM(node->shape, i)};
+    return node_new(&NodeType, args, 5, nullptr);
+}
+
+// The outputs of a multi-output op: one node, and a tensor per output on its getitem node (None
+// where the op produces none), in a tuple or list as ``metas`` is (the Python path's
+// _wrap_outputs).
+PyObject* record_outputs(PyObject* name, PyObject* srcs, PyObject* arg, PyObject* metas,
+                         PyObject* device) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(metas);
+    PyObject** items = PySequence_Fast_ITEMS(metas);
+    Ref node(multi_node(name, srcs, arg, metas));
     Ref source(node ? PyTuple_Pack(1, node.p) : nullptr);
     Ref outs(PyTuple_New(n));
     if (!source || !outs) return nullptr;
@@ -301,11 +319,7 @@ PyObject* record_outputs(PyObject* name, PyObject* srcs, PyObject* arg, PyObject
         if (items[i] == Py_None) {
             Py_INCREF(out);
         } else {
-            Ref index(PyLong_FromSsize_t(i));
-            if (!index) return nullptr;
-            PyObject* getitem_args[5] = {cfg.getitem_op, source.p, index.p,
-                                         PyTuple_GET_ITEM(dtypes.p, i), PyTuple_GET_ITEM(shapes.p, i)};
-            Ref output(node_new(&NodeType, getitem_args, 5, nullptr));
+            Ref output(output_node(source.p, i));
             out = output ? fresh(output.p, items[i], device) : nullptr;
             if (out == nullptr) return nullptr;
         }
@@ -402,9 +416,72 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     return PyTuple_Pack(4, srcs.p, templates.p, metas.p, ops.device.p);
 }
 
+// Whether every element result fits one foreach node: one floating-point tensor each, of its
+// target's shape and dtype when there are targets (the Python path's record_elements checks).
+// -1 on an error.
+int elements_fit(PyObject* metas, PyObject* targets) {
+    static PyObject* s_is_floating_point = PyUnicode_InternFromString("is_floating_point");
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(metas);
+    PyObject** items = PySequence_Fast_ITEMS(metas);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* dtype_name;
+        if (!is_single_meta(items[i], &dtype_name)) return PyErr_Occurred() ? -1 : 0;
+        PyObject* dtype = PyTuple_GET_ITEM(items[i], 3);
+        Ref floating(PyObject_GetAttr(dtype, s_is_floating_point));
+        if (!floating) return -1;
+        if (floating.p != Py_True) return 0;
+        if (targets == Py_None) continue;
+        PyObject* target = PyList_GET_ITEM(targets, i);
+        if (Py_TYPE(target) != (PyTypeObject*)cfg.tensor_type) return 0;
+        Ref meta(PyObject_GetAttr(target, s_meta));
+        if (!meta) return -1;
+        if (!PyTuple_CheckExact(meta.p) || PyTuple_GET_SIZE(meta.p) != 4 ||
+            PyTuple_GET_ITEM(meta.p, 3) != dtype)
+            return 0;
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(meta.p, 0),
+                                            PyTuple_GET_ITEM(items[i], 0), Py_EQ);
+        if (same != 1) return same;
+    }
+    return 1;
+}
+
+// foreach_outputs(op, srcs, arg, metas, device, targets): record a foreach op's element results
+// as one ``op`` node. Without targets (None), returns a new tensor per result; with a list of
+// targets, each result becomes its target's value (``target._lazy.assign``) and the targets are
+// returned. None when an element does not fit (see elements_fit): nothing is recorded then.
+PyObject* foreach_outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyTuple_CheckExact(argv[1]) || !PyList_CheckExact(argv[3]) ||
+        (argv[5] != Py_None &&
+         (!PyList_CheckExact(argv[5]) || PyList_GET_SIZE(argv[5]) != PyList_GET_SIZE(argv[3])))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "foreach_outputs(op, srcs: tuple, arg, metas: list, device, targets)");
+        return nullptr;
+    }
+    PyObject *op = argv[0], *srcs = argv[1], *arg = argv[2], *metas = argv[3];
+    PyObject *device = argv[4], *targets = argv[5];
+    int fit = elements_fit(metas, targets);
+    if (fit < 0) return nullptr;
+    if (fit == 0) Py_RETURN_NONE;
+    if (targets == Py_None) return record_outputs(op, srcs, arg, metas, device);
+    Ref node(multi_node(op, srcs, arg, metas));
+    Ref source(node ? PyTuple_Pack(1, node.p) : nullptr);
+    if (!source) return nullptr;
+    static PyObject* s_assign = PyUnicode_InternFromString("assign");
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++) {
+        Ref output(output_node(source.p, i));
+        Ref value(output ? PyObject_GetAttr(PyList_GET_ITEM(targets, i), s_lazy) : nullptr);
+        Ref done(value ? PyObject_CallMethodOneArg(value.p, s_assign, output.p) : nullptr);
+        if (!done) return nullptr;
+    }
+    Py_INCREF(targets);
+    return targets;
+}
+
 PyMethodDef recording_methods[] = {
     {"elements", (PyCFunction)(void (*)(void))elements, METH_FASTCALL,
      "elements(plan, calls) -> (srcs, templates, metas, device) or None: a foreach op's elements."},
+    {"foreach_outputs", (PyCFunction)(void (*)(void))foreach_outputs, METH_FASTCALL,
+     "foreach_outputs(op, srcs, arg, metas, device, targets): a foreach op's results as one node."},
     {nullptr, nullptr, 0, nullptr}};
 
 bool add_recording(PyObject* module) {

@@ -137,3 +137,49 @@ def test_foreach_elements_match_the_python_path(count):
     lazy_torch.mark_step()
     for o, e in zip(out, expected):
         torch.testing.assert_close(o.cpu(), e)
+
+
+def _foreach_found(func, calls):
+    plan = python_path._plan(func)
+    srcs, templates, metas, device = python_path._elements(func, plan, calls)
+    return srcs, ((plan.name, templates), ()), metas, device
+
+
+def test_foreach_outputs_match_the_python_path():
+    xs = [torch.randn(2, i + 1, device="lazy") for i in range(4)]
+    found = _foreach_found(aten.mul.Tensor, [((t, t), {}) for t in xs])
+    fast = _native.foreach_outputs(python_path.FOREACH, *found, None)
+    slow = python_path._foreach_outputs(python_path.FOREACH, *found, None)
+    assert type(fast) is list and len(fast) == len(slow) == 4
+    for f, s in zip(fast, slow):
+        assert f._meta == s._meta and f._lazy.node.hash == s._lazy.node.hash
+    # In place: each target's storage gets its output of one shared node.
+    fast_targets = [t.clone() for t in xs]
+    slow_targets = [t.clone() for t in xs]
+    assert _native.foreach_outputs(python_path.FOREACH, *found, fast_targets) is fast_targets
+    python_path._foreach_outputs(python_path.FOREACH, *found, slow_targets)
+    nodes = [t._lazy.node for t in fast_targets]
+    assert len({id(n.src[0]) for n in nodes}) == 1
+    assert [n.hash for n in nodes] == [t._lazy.node.hash for t in slow_targets]
+    lazy_torch.mark_step()
+    for t, x in zip(fast_targets, xs):
+        torch.testing.assert_close(t.cpu(), x.cpu() * x.cpu())
+
+
+@pytest.mark.parametrize(
+    "case", ["integer result", "target of another shape", "target of another dtype"]
+)
+def test_foreach_outputs_decline_what_does_not_fit(case):
+    xs = [torch.randn(3, device="lazy"), torch.randn(3, device="lazy")]
+    if case == "integer result":
+        xs = [torch.ones(3, dtype=torch.int64, device="lazy") for _ in xs]
+    found = _foreach_found(aten.add.Tensor, [((t, t), {}) for t in xs])
+    targets = None
+    if case == "target of another shape":
+        targets = [xs[0], torch.randn(4, device="lazy")]
+    elif case == "target of another dtype":
+        targets = [xs[0], torch.randn(3, dtype=torch.float64, device="lazy")]
+    before = [t._lazy.node for t in targets or xs]
+    assert python_path._foreach_outputs(python_path.FOREACH, *found, targets) is None
+    assert _native.foreach_outputs(python_path.FOREACH, *found, targets) is None
+    assert [t._lazy.node for t in targets or xs] == before
