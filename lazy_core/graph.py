@@ -82,10 +82,10 @@ def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
 
 def _walk(roots: tuple[Node, ...], data: str, scalar: str) -> tuple[tuple, tuple, tuple]:
     """The post-order of every node ``roots`` need, the parameter leaves in first-use order, and
-    the wiring: the key must tell apart graphs whose nodes hash alike but are wired differently
-    (leaves hash by shape and dtype only), so it gets the parameter index of every leaf and, for
-    every edge into a node already walked, that node's post-order position. (In C when built:
-    lazy_core/csrc.)"""
+    the hash of the wiring: the key must tell apart graphs whose nodes hash alike but are wired
+    differently (leaves hash by shape and dtype only), so it gets the parameter index of every
+    leaf and, for every edge into a node already walked, that node's post-order position. (In C
+    when built: lazy_core/csrc/node.cpp.)"""
     order: list[Node] = []
     params: list[Node] = []
     param_pos: dict[int, int] = {}
@@ -118,4 +118,4 @@ def _walk(roots: tuple[Node, ...], data: str, scalar: str) -> tuple[tuple, tuple
                     param_pos[ident] = len(params)
                     params.append(node)
                 wiring.append(param_pos[ident])
-    return tuple(order), tuple(params), tuple(wiring)
+    return tuple(order), tuple(params), hash(tuple(wiring))

@@ -1,89 +1,91 @@
 """Mixed precision on device 'lazy': ``lazy_torch.amp.autocast``, PyTorch's CUDA autocast rules.
 
-This PyTorch build has no autocast dispatch key for the Lazy backend: ``torch.autocast('lazy')``
-raises, and autocast keys are chosen from a tensor's backend in C++, so none can be attached to
-our tensors from Python. ``autocast`` therefore works one level higher, as a TorchFunctionMode:
-each call of a torch function on lazy tensors is matched against the op lists of CUDA autocast
-(documented in the "Autocast Op Reference"), its floating-point lazy inputs are cast, and the
-function runs on the cast inputs. The casts are ordinary differentiable ``Tensor.to`` calls seen
-by autograd, so gradients flow back to the float32 parameters in float32.
+PyTorch autocasts in a dispatch key above autograd, picked from a tensor's backend, and the Lazy
+backend has none: ``torch.autocast('lazy')`` raises. So lazy autocast borrows the key of XLA, the
+compiler this backend targets: while it is on, this thread's dispatch includes ``AutocastXLA``
+(nothing else uses that key unless torch_xla is loaded, and the two backends do not share a
+process). Python kernels registered there handle exactly the ops that CUDA autocast handles (the
+dispatcher lists them: every op with an ``AutocastCUDA`` kernel), each by CUDA's policy, and cast
+only lazy operands; every other op falls through the key at no cost. As in CUDA autocast, a
+handled op runs with the key excluded, so the ops it decomposes into are not cast again, while
+the parts of an unlisted composite (``F.multi_head_attention_forward``'s linears) are.
+
+The casts are ordinary differentiable ``Tensor.to`` calls seen by autograd, so gradients flow back
+to the float32 parameters in float32.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from lazy_torch.tensor import LazyTensor
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-# Run in the autocast dtype: matmuls, convolutions, attention, recurrent cells.
-_LOWER_PRECISION = (
-    "conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d "
-    "convolution _convolution prelu addmm addmv addr matmul __matmul__ __rmatmul__ einsum mm mv "
-    "linalg_vecdot linear addbmm baddbmm bmm chain_matmul linalg_multi_dot lstm_cell gru_cell "
-    "rnn_tanh_cell rnn_relu_cell scaled_dot_product_attention"
-)
-# Run in float32: ops whose range or accumulation suffers in 16 bits. Python-level composites whose
-# parts are all float32 ops under CUDA autocast (cross_entropy = log_softmax + nll_loss, rms_norm,
-# normalize, interpolate -> upsample_*) are listed themselves: the mode sees only the outermost call.
-_FP32 = (
-    "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow __pow__ "
-    "__rpow__ float_power softplus layer_norm group_norm rms_norm frobenius_norm nuclear_norm "
+# CUDA autocast's policies, by op name (aten packet); the ops themselves are the dispatcher's.
+_LOWER, _F32, _F32_DTYPE, _WIDEST, _BANNED = "lower", "fp32", "fp32_dtype", "promote", "banned"
+_POLICIES = {
+    # Run in the autocast dtype: matmuls, convolutions, attention, recurrent cells.
+    _LOWER: "_convolution conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d "
+    "conv_transpose3d convolution cudnn_convolution cudnn_convolution_transpose prelu addmm addmv "
+    "addr matmul einsum mm mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul "
+    "linalg_multi_dot _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell "
+    "rnn_relu_cell _scaled_dot_product_flash_attention scaled_dot_product_attention",
+    # Run in float32: ops whose range or accumulation suffers in 16 bits (``norm`` appends
+    # dtype=float32 in CUDA's version, which computes the same as casting its input).
+    _F32: "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow "
+    "softplus layer_norm native_layer_norm group_norm frobenius_norm nuclear_norm "
     "cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d "
     "hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss "
     "multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss "
-    "binary_cross_entropy binary_cross_entropy_with_logits cross_entropy gaussian_nll_loss dist "
-    "pdist cdist renorm logsumexp normalize interpolate upsample upsample_nearest "
-    "upsample_bilinear"
+    "binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp rms_norm norm "
+    "upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d "
+    "_upsample_nearest_exact2d _upsample_nearest_exact3d upsample_linear1d upsample_bilinear2d "
+    "_upsample_bilinear2d_aa upsample_trilinear3d upsample_bicubic2d _upsample_bicubic2d_aa",
+    # Run in float32 by asking for a float32 result (``dtype=torch.float32``) unless a dtype is
+    # given, when the first tensor is one autocast may cast.
+    _F32_DTYPE: "prod softmax log_softmax cumprod cumsum linalg_vector_norm linalg_matrix_norm sum",
+    # Run in the widest floating type among the inputs.
+    _WIDEST: "addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot "
+    "scatter_add",
+    # Raise: the result of a sigmoid is unsafe to autocast into this loss.
+    _BANNED: "binary_cross_entropy",
+}
+_POLICY = {name: policy for policy, names in _POLICIES.items() for name in names.split()}
+
+_BANNED_MESSAGE = (
+    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+    "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+    "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+    "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+    "safe to autocast."
 )
-# Run in float32 by asking for a float32 result (``dtype=torch.float32``) unless a dtype is given.
-_FP32_SET_DTYPE = (
-    "prod softmax log_softmax softmin cumprod cumsum linalg_vector_norm linalg_matrix_norm sum norm"
-)
-# Run in the widest floating type among the inputs. multi_head_attention_forward is a Python
-# composite whose inner linears the mode cannot reach: promoting keeps bfloat16 activations and
-# float32 weights from meeting inside it (it runs in float32).
-_PROMOTE = (
-    "addcdiv addcmul atan2 bilinear cross linalg_cross dot grid_sample tensordot index_put "
-    "scatter_add stack cat concat concatenate index_copy multi_head_attention_forward"
-)
 
-_NAMESPACES = (torch, torch.Tensor, F, torch._C._nn, torch._C._VariableFunctions)
+_KEY_NAME = "AutocastXLA"
+_KEY = torch._C._parse_dispatch_key(_KEY_NAME)
+_KEYSET = torch._C.DispatchKeySet(_KEY)
+_CASTABLE = (torch.float32, torch.bfloat16, torch.float16)  # float64 is left alone, as in PyTorch
 
 
-def _functions(names: str) -> list[Callable]:
-    """Every public callable spelling of these ops: ``torch.x``, ``Tensor.x``, ``F.x``, linalg."""
-    found = []
-    for name in names.split():
-        spaces = [(ns, name) for ns in _NAMESPACES]
-        if name.startswith("linalg_"):
-            spaces.append((torch.linalg, name[len("linalg_") :]))
-        for ns, attr in spaces:
-            fn = getattr(ns, attr, None)
-            if callable(fn):
-                found.append(fn)
-    return found
+def cuda_autocast_ops() -> list[str]:
+    """Every op overload CUDA autocast handles (``aten::mm``, ``aten::pow.Tensor_Scalar``, ...)."""
+    return sorted(
+        name
+        for name in torch._C._dispatch_get_all_op_names()
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCUDA")
+    )
 
 
-_LOWER, _F32, _F32_DTYPE, _WIDEST = "lower", "fp32", "fp32_dtype", "promote"
-_POLICY: dict[Any, str] = {}
-for _names, _policy in (
-    (_LOWER_PRECISION, _LOWER),
-    (_FP32, _F32),
-    (_FP32_SET_DTYPE, _F32_DTYPE),
-    (_PROMOTE, _WIDEST),
-):
-    for _fn in _functions(_names):
-        _POLICY[_fn] = _policy
+def policy_of(op_name: str) -> str | None:
+    """The policy of an op overload name such as ``aten::pow.Tensor_Scalar``."""
+    return _POLICY.get(op_name.removeprefix("aten::").split(".")[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,6 +98,8 @@ class _State(threading.local):
         # Casts of float32 leaf parameters, reused while the outermost autocast is open (a weight
         # used twice is cast once). Keyed by identity, version and grad mode; holds the source.
         self.cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # This thread's include and exclude flags of the key before the outermost autocast.
+        self.saved: tuple[bool, bool] | None = None
 
 
 _state = _State()
@@ -111,12 +115,17 @@ def get_autocast_dtype() -> torch.dtype:
     return _state.stack[-1][1] if _state.stack else torch.bfloat16
 
 
+def _set_key(on: bool) -> None:
+    torch._C._dispatch_tls_set_dispatch_key_included(_KEY, on)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(_KEY, not on)
+
+
 class autocast(contextlib.ContextDecorator):
     """``torch.autocast`` for lazy tensors: a context manager, also usable as a decorator.
 
     Inside it, matmuls, linear layers, convolutions and attention on lazy tensors run in ``dtype``;
     softmax, normalizations, losses, reductions and transcendental functions run in float32;
-    ``cat``/``stack``/``addcmul``-like ops run in the widest input type (CUDA autocast's lists).
+    ``addcmul``-like ops run in the widest input type (CUDA autocast's lists, op by op).
     Parameters stay float32 and get float32 gradients. ``autocast(enabled=False)`` inside turns
     it off; tensors on other devices are never touched.
 
@@ -137,66 +146,105 @@ class autocast(contextlib.ContextDecorator):
         self.dtype = dtype
         self.enabled = enabled
         self.cache_enabled = cache_enabled
-        # One mode per open ``with`` of this object (a decorated function may recurse).
-        self._modes: list[TorchFunctionMode | None] = []
 
     def __enter__(self) -> Self:
-        mode = None
+        _register()
         if not _state.stack:
-            mode = _AutocastMode()
-            mode.__enter__()
+            _state.saved = (
+                torch._C._dispatch_tls_is_dispatch_key_included(_KEY),
+                torch._C._dispatch_tls_is_dispatch_key_excluded(_KEY),
+            )
         _state.stack.append((self.enabled, self.dtype, self.cache_enabled))
-        self._modes.append(mode)
+        _set_key(self.enabled)
         return self
 
     def __exit__(self, *exc: object) -> None:
         _state.stack.pop()
-        mode = self._modes.pop()
-        if mode is not None:
-            _state.cache.clear()
-            mode.__exit__(*exc)
+        if _state.stack:
+            _set_key(_state.stack[-1][0])
+            return
+        _state.cache.clear()
+        included, excluded = _state.saved
+        torch._C._dispatch_tls_set_dispatch_key_included(_KEY, included)
+        torch._C._dispatch_tls_set_dispatch_key_excluded(_KEY, excluded)
 
 
 # ----------------------------------------------------------------------------------------------
-# The mode: one dictionary lookup per torch function call; casts only for listed functions.
+# The kernels: one per handled op overload, registered at the first autocast.
+
+_libraries: list[torch.library.Library] = []
 
 
-class _AutocastMode(TorchFunctionMode):
-    def __torch_function__(
-        self, func: Any, types: tuple, args: tuple = (), kwargs: dict | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        policy = _POLICY.get(func)
-        if policy is None or not _state.stack or "out" in kwargs:
-            return func(*args, **kwargs)
-        enabled, dtype, cache = _state.stack[-1]
-        if not enabled:
-            return func(*args, **kwargs)
-        if policy == _LOWER:
-            args, kwargs = _cast_all(args, kwargs, dtype, cache)
-        elif policy == _F32:
-            args, kwargs = _cast_all(args, kwargs, torch.float32, False)
-        elif policy == _F32_DTYPE:
-            first = _first_tensor(args, kwargs)
-            if _eligible(first) and not _has_dtype(args, kwargs):
-                kwargs = {**kwargs, "dtype": torch.float32}
-        else:
-            widest = _widest(args, kwargs, dtype)
-            args, kwargs = _cast_all(args, kwargs, widest, False)
-        return func(*args, **kwargs)
+def _register() -> None:
+    if _libraries:
+        return
+    try:
+        fallthrough = torch.library.Library("_", "IMPL")
+        fallthrough.fallback(torch.library.fallthrough_kernel, _KEY_NAME)
+        kernels = torch.library.Library("aten", "IMPL")
+        for name in cuda_autocast_ops():
+            policy = policy_of(name)
+            if policy is not None:
+                kernels.impl(name.removeprefix("aten::"), _kernel(_op(name), policy), _KEY_NAME)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"lazy_torch.amp.autocast needs the {_KEY_NAME} dispatch key, which another library "
+            f"(torch_xla?) has taken: {e}"
+        ) from e
+    _libraries[:] = [fallthrough, kernels]
 
 
-def _eligible(t: Any) -> bool:
-    """A lazy floating-point tensor that autocast may cast (float64 is left alone, as in PyTorch)."""
-    return isinstance(t, LazyTensor) and t.is_floating_point() and t.dtype != torch.float64
+def _op(name: str) -> Any:
+    """The OpOverload of an overload name such as ``aten::pow.Tensor_Scalar``."""
+    base, _, overload = name.removeprefix("aten::").partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+def _kernel(op: Any, policy: str) -> Callable:
+    call = op._op  # the C++ operator itself: no OpOverload.__call__ frame
+    if policy == _F32_DTYPE:
+        adjust = functools.partial(_set_float32, slot=_dtype_slot(op))
+    else:
+        adjust = _ADJUST[policy]
+    exclude = torch._C._ExcludeDispatchKeyGuard
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with exclude(_KEYSET):
+            stack = _state.stack  # empty in a thread the autograd engine started
+            if stack and _any_lazy(args, kwargs):
+                args, kwargs = adjust(args, kwargs, stack[-1])
+            return call(*args, **kwargs)
+
+    return kernel
+
+
+def _dtype_slot(op: Any) -> tuple[int | None, str]:
+    """Where an op takes its ``dtype``: (position, name), position None when keyword-only."""
+    for i, a in enumerate(op._schema.arguments):
+        if a.name == "dtype":
+            return (None if a.kwarg_only else i), a.name
+    raise AssertionError(f"{op} has no dtype argument")
+
+
+def _any_lazy(args: tuple, kwargs: dict) -> bool:
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, LazyTensor):
+            return True
+        if isinstance(a, (list, tuple)) and any(isinstance(x, LazyTensor) for x in a):
+            return True
+    return False
 
 
 def _cast(t: Any, dtype: torch.dtype, cache: bool) -> Any:
-    if isinstance(t, (list, tuple)):
-        return type(t)(_cast(x, dtype, cache) for x in t)
-    if not _eligible(t) or t.dtype == dtype:
+    """``t`` in ``dtype`` if autocast may cast it: a lazy floating-point tensor (not float64)."""
+    if not isinstance(t, LazyTensor):
+        if isinstance(t, (list, tuple)):
+            return type(t)(_cast(x, dtype, cache) for x in t)
         return t
-    if not (cache and t.is_leaf and t.requires_grad and t.dtype == torch.float32):
+    have = t._meta[3]
+    if have is dtype or have not in _CASTABLE:
+        return t
+    if not (cache and have is torch.float32 and t.is_leaf and t.requires_grad and not t._is_view()):
         return t.to(dtype)
     key = (id(t), t._version, dtype, torch.is_grad_enabled())
     hit = _state.cache.get(key)
@@ -206,32 +254,63 @@ def _cast(t: Any, dtype: torch.dtype, cache: bool) -> Any:
 
 
 def _cast_all(args: tuple, kwargs: dict, dtype: torch.dtype, cache: bool) -> tuple[tuple, dict]:
-    args = tuple(_cast(a, dtype, cache) for a in args)
-    return args, {k: _cast(v, dtype, cache) for k, v in kwargs.items()}
+    args = tuple([_cast(a, dtype, cache) for a in args])
+    if kwargs:
+        kwargs = {k: _cast(v, dtype, cache) for k, v in kwargs.items()}
+    return args, kwargs
 
 
-def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    out = []
+def _lower(args: tuple, kwargs: dict, state: tuple) -> tuple[tuple, dict]:
+    _, dtype, cache = state
+    return _cast_all(args, kwargs, dtype, cache)
+
+
+def _float32(args: tuple, kwargs: dict, state: tuple) -> tuple[tuple, dict]:
+    return _cast_all(args, kwargs, torch.float32, False)
+
+
+def _promote(args: tuple, kwargs: dict, state: tuple) -> tuple[tuple, dict]:
+    return _cast_all(args, kwargs, _widest(args, kwargs, state[1]), False)
+
+
+def _banned(args: tuple, kwargs: dict, state: tuple) -> tuple[tuple, dict]:
+    raise RuntimeError(_BANNED_MESSAGE)
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> Any:
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif isinstance(a, (list, tuple)):
-            out.extend(x for x in a if isinstance(x, torch.Tensor))
-    return out
+            return a
+        if isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    return x
+    return None
 
 
-def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    tensors = _tensors(args, kwargs)
-    return tensors[0] if tensors else None
-
-
-def _has_dtype(args: tuple, kwargs: dict) -> bool:
-    return kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in args)
+def _set_float32(
+    args: tuple, kwargs: dict, state: tuple, slot: tuple[int | None, str]
+) -> tuple[tuple, dict]:
+    """A float32 result unless a dtype is given, when the first tensor is one autocast may cast."""
+    first = _first_tensor(args, kwargs)
+    if not isinstance(first, LazyTensor) or first._meta[3] not in _CASTABLE:
+        return args, kwargs
+    position, name = slot
+    if position is not None and position < len(args):
+        if args[position] is None:
+            args = (*args[:position], torch.float32, *args[position + 1 :])
+    elif kwargs.get(name) is None:
+        kwargs = {**kwargs, name: torch.float32}
+    return args, kwargs
 
 
 def _widest(args: tuple, kwargs: dict, lower: torch.dtype) -> torch.dtype:
     widest = lower
-    for t in _tensors(args, kwargs):
-        if _eligible(t):
-            widest = torch.promote_types(widest, t.dtype)
+    for a in (*args, *kwargs.values()):
+        for t in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(t, LazyTensor) and t._meta[3] in _CASTABLE:
+                widest = torch.promote_types(widest, t._meta[3])
     return widest
+
+
+_ADJUST = {_LOWER: _lower, _F32: _float32, _WIDEST: _promote, _BANNED: _banned}

@@ -295,16 +295,14 @@ PyObject* walk(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
             }
         }
     }
-    Ref wires(PyTuple_New((Py_ssize_t)wiring.size()));
-    if (!wires) return nullptr;
-    for (size_t i = 0; i < wiring.size(); i++) {
-        PyObject* w = PyLong_FromSsize_t(wiring[i]);
-        if (w == nullptr) return nullptr;
-        PyTuple_SET_ITEM(wires.p, (Py_ssize_t)i, w);
-    }
+    // The wiring enters only the graph key: its hash, as hash(tuple(wiring)) would give it.
+    TupleHash wires;
+    for (Py_ssize_t w : wiring) wires.add((Py_uhash_t)int_hash(w));
+    Ref wires_hash(PyLong_FromSsize_t(wires.done()));
+    if (!wires_hash) return nullptr;
     Ref order_t(PyList_AsTuple(order.p)), params_t(PyList_AsTuple(params.p));
     if (!order_t || !params_t) return nullptr;
-    return PyTuple_Pack(3, order_t.p, params_t.p, wires.p);
+    return PyTuple_Pack(3, order_t.p, params_t.p, wires_hash.p);
 }
 
 PyMethodDef node_methods[] = {
@@ -312,7 +310,7 @@ PyMethodDef node_methods[] = {
      "Attribute nodes created from now on to a site; returns the previous one."},
     {"current_site", (PyCFunction)get_current_site, METH_NOARGS, "The site of new nodes."},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
-     "walk(roots, data_op, scalar_op) -> (post-order, parameters, wiring); see graph.py."},
+     "walk(roots, data_op, scalar_op) -> (post-order, parameters, hash of the wiring); graph.py."},
     {nullptr, nullptr, 0, nullptr}};
 
 bool add_nodes(PyObject* module) {

@@ -160,20 +160,23 @@ def test_weight_cast_once_per_region_and_not_across_no_grad():
     assert w.grad is not None and w.grad.dtype == torch.float32
 
 
-def test_multihead_attention_on_bfloat16_activations_runs_in_float32():
-    # Its inner linears are out of the mode's reach; promotion keeps their operands one dtype.
+def test_multihead_attention_casts_its_inner_ops():
+    # A Python composite: its linears and attention run in bfloat16, as under CUDA autocast
+    # (and CPU's, whose lists agree on these ops).
     torch.manual_seed(0)
     lin, mha = nn.Linear(16, 16), nn.MultiheadAttention(16, 2, batch_first=True)
     x = torch.randn(2, 5, 16)
-    with torch.no_grad():
-        want = mha(*[lin(x).bfloat16().float()] * 3)[0]
+    with torch.autocast("cpu", dtype=BF16):
+        h = lin(x)
+        want = mha(h, h, h)[0]
     lin, mha = lin.to("lazy"), mha.to("lazy")
     with autocast():
         h = lin(x.to("lazy"))
         got = mha(h, h, h)[0]
     ir = lazy_torch.debug.ir_text(got)
-    assert got.dtype == torch.float32 and _node_dtypes(ir, "aten.bmm") == {"float32"}
-    torch.testing.assert_close(got.detach().cpu(), want, rtol=2e-2, atol=2e-2)
+    assert got.dtype == want.dtype == BF16
+    assert _node_dtypes(ir, "aten.addmm") | _node_dtypes(ir, "aten.mm") == {"bfloat16"}
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=2e-2, atol=2e-2)
 
 
 class MLP(nn.Module):
@@ -251,7 +254,8 @@ def test_forward_graph_and_gradient_dtypes(kind):
     matmuls = set().union(*(_node_dtypes(ir, f"aten.{op}") for op in ("mm", "addmm", "bmm")))
     assert matmuls == {"bfloat16"}, ir
     assert _node_dtypes(ir, "aten.nll_loss_forward") == {"float32"}
-    assert _node_dtypes(ir, "aten._log_softmax") == {"float32"}
+    # cross_entropy asks log_softmax for the logits' own dtype, which autocast keeps (as CUDA's).
+    assert _node_dtypes(ir, "aten._log_softmax") == {"bfloat16"}
     if kind == "block":
         assert _node_dtypes(ir, "aten._softmax") == {"float32"}
         assert _node_dtypes(ir, "aten.native_layer_norm") == {"float32"}
@@ -291,3 +295,38 @@ def test_training_tracks_float32(kind):
     # Same graph every step after the first: autocast adds no recompiles.
     counters = lazy_torch.metrics.counters()
     assert counters["compiles"] == 2, counters
+
+
+def test_every_op_cuda_autocast_handles_has_a_policy():
+    ops = lazy_torch.amp.cuda_autocast_ops()
+    assert "aten::mm" in ops and "aten::softmax.int" in ops
+    assert [op for op in ops if lazy_torch.amp.policy_of(op) is None] == []
+
+
+def test_binary_cross_entropy_is_refused_as_under_cuda_autocast():
+    p, target = torch.rand(4, 3), torch.rand(4, 3)
+    with autocast():
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            F.binary_cross_entropy(*_lazy(p, target))
+        assert F.binary_cross_entropy(p, target).dtype == torch.float32  # CPU: untouched
+    assert F.binary_cross_entropy(*_lazy(p, target)).dtype == torch.float32
+
+
+def test_autocast_is_per_thread_and_restored_after_errors():
+    import threading
+
+    x = torch.randn(4, 4, device="lazy")
+    seen = []
+    with autocast():
+        worker = threading.Thread(target=lambda: seen.append((x @ x).dtype))
+        worker.start()
+        worker.join()
+        with pytest.raises(ValueError):
+            with autocast(enabled=False):
+                raise ValueError
+        assert (x @ x).dtype == BF16
+    assert seen == [torch.float32]
+    with pytest.raises(ValueError):
+        with autocast():
+            raise ValueError
+    assert (x @ x).dtype == torch.float32 and not lazy_torch.amp.is_autocast_enabled()
