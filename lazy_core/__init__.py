@@ -3,7 +3,7 @@
 from lazy_core.dump import ir_dot, ir_text
 from lazy_core.graph import Graph, cut_graph
 from lazy_core.ir import Node, Operand, constant, data_leaf, getitem, scalar_leaf
-from lazy_core.value import Storage, live_storages, pending_storages
+from lazy_core.value import Storage, live_storages, pending_and_held, pending_storages
 from lazy_core.view import NotWritable, View, ViewStep
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "ir_dot",
     "ir_text",
     "live_storages",
+    "pending_and_held",
     "pending_storages",
     "scalar_leaf",
 ]

@@ -82,6 +82,19 @@ def live_storages() -> Iterator[Storage]:
             yield s
 
 
+def pending_and_held() -> tuple[list[Storage], set[int]]:
+    """In one pass: the live storages whose value is pending IR, and the ids of the device
+    buffers that the others hold as their values."""
+    pending, held = [], set()
+    for s in live_storages():
+        node = s.node
+        if node.op != DATA:
+            pending.append(s)
+        else:
+            held.add(id(node.payload))
+    return pending, held
+
+
 def pending_storages(device: Any = None) -> list[Storage]:
     """Live storages whose value is pending IR, optionally only those on ``device``."""
     return [

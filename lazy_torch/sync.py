@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable
 
 import runtime
-from lazy_core import Graph, Storage, cut_graph, data_leaf, live_storages, pending_storages
+from lazy_core import Graph, Storage, cut_graph, data_leaf, pending_and_held
 from lazy_core.ir import DATA
 from lazy_torch import rng as _rng
 from lazy_torch.sites import user_site
@@ -18,34 +18,52 @@ def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
 
     At a full barrier every live value with pending IR is an output, so a buffer that no live
     storage still holds as its value is read by this graph for the last time. XLA can only reuse a
-    donated buffer for an output of the same shape and dtype; others are not offered.
+    donated buffer for an output of the same shape and dtype; others are not offered. What depends
+    on the graph alone (its output slots, the candidates) is worked out once per graph key.
     """
-    slots = collections.Counter((r.shape, r.dtype) for r in graph.roots)
+    plan = _donation_plans.get(graph.key)
+    if plan is None:
+        if len(_donation_plans) >= 1024:
+            _donation_plans.clear()
+        slots = collections.Counter((r.shape, r.dtype) for r in graph.roots)
+        candidates = tuple(
+            (i, (p.shape, p.dtype))
+            for i, p in enumerate(graph.params)
+            if p.op == DATA and slots[(p.shape, p.dtype)] > 0
+        )
+        plan = _donation_plans[graph.key] = (candidates, slots)
+    candidates, slots = plan
+    free = dict(slots)
+    params = graph.params
     donate = []
-    for i, p in enumerate(graph.params):
-        if p.op == DATA and id(p.payload) not in held and slots[(p.shape, p.dtype)] > 0:
-            slots[(p.shape, p.dtype)] -= 1
+    for i, slot in candidates:
+        if free[slot] > 0 and id(params[i].payload) not in held:
+            free[slot] -= 1
             donate.append(i)
     return tuple(donate)
 
 
+# Per graph key: the DATA parameters an output could reuse, and the outputs' (shape, dtype) counts.
+_donation_plans: dict[int, tuple[tuple, collections.Counter]] = {}
+
 _step = {"end": None, "synced": 0.0}  # when the last mark_step returned; sync time since
 
 
-def sync(storages: Iterable[Storage], cause: str, donate: bool = False) -> None:
+def sync(storages: Iterable[Storage], cause: str, held: set[int] | None = None) -> None:
     """Compute the pending values of ``storages``; afterwards each holds a device buffer.
 
-    ``donate`` (full barriers only, where every pending value is an output) lets the graph reuse
-    the buffers it overwrites. If compiling fails, every storage keeps its pending value.
+    ``held`` (full barriers only, where every pending value is an output: the ids of the buffers
+    that live storages hold) lets the graph reuse the other buffers it reads. If compiling fails,
+    every storage keeps its pending value.
     """
     start = time.perf_counter()
     try:
-        _sync(storages, cause, donate)
+        _sync(storages, cause, held)
     finally:
         _step["synced"] += time.perf_counter() - start
 
 
-def _sync(storages: Iterable[Storage], cause: str, donate: bool) -> None:
+def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> None:
     by_device: dict[int, list[Storage]] = {}
     computed = False
     for s in storages:
@@ -66,11 +84,10 @@ def _sync(storages: Iterable[Storage], cause: str, donate: bool) -> None:
     site = user_site()
     runtime.metrics.count(f"syncs::{cause}")
     runtime.metrics.site(f"syncs::{cause}", site)
-    held = {id(s.node.payload) for s in live_storages() if not s.pending} if donate else set()
     for device, group in by_device.items():
         roots = [s.node for s in group]
         graph = graphs[device]
-        donated = _donatable(graph, held) if donate else ()
+        donated = _donatable(graph, held) if held is not None else ()
         outputs = runtime.run_graph(
             graph, device, donated, cause, defer_checks=cause == "mark_step", site=site
         )
@@ -96,7 +113,8 @@ def mark_step(wait: bool = False) -> None:
         runtime.metrics.time("trace_time", start - _step["end"] - _step["synced"])
     runtime.metrics.count("mark_steps")
     _rng.advance()
-    sync(pending_storages(), cause="mark_step", donate=runtime.config.DONATE)
+    pending, held = pending_and_held()
+    sync(pending, cause="mark_step", held=held if runtime.config.DONATE else None)
     runtime.metrics.time("mark_step_time", time.perf_counter() - start)
     if wait:
         runtime.wait_device_ops()
