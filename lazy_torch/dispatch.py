@@ -141,12 +141,15 @@ def _plan(func: Any) -> _Plan:
 
 
 class _Operands:
-    __slots__ = ("device", "keys", "srcs")
+    __slots__ = ("device", "keys", "scalars", "srcs")
 
     def __init__(self) -> None:
         self.srcs: list[Node] = []
         self.keys: list[Any] = []
         self.device: int | None = None
+        # Python numbers already made operands, by identity: a number used again (a foreach op's
+        # one scalar for every element) is the same operand.
+        self.scalars: dict[int, Any] = {}
 
     def tensor(self, t: torch.Tensor) -> Any:
         if isinstance(t, LazyTensor):
@@ -173,6 +176,10 @@ class _Operands:
 
     def scalar(self, v: Any) -> Any:
         kind = type(v)
+        seen = self.scalars.get(id(v))
+        if seen is not None:
+            self.keys.append(kind)
+            return seen
         dtype = _SCALAR_DTYPES[kind]
         if _is_constant(v):
             node = _constants.get((kind, v))
@@ -182,7 +189,8 @@ class _Operands:
             node = scalar_leaf(v, dtype)
         self.srcs.append(node)
         self.keys.append(kind)
-        return operand(len(self.srcs) - 1)
+        marker = self.scalars[id(v)] = operand(len(self.srcs) - 1)
+        return marker
 
 
 def _cpu_scalar(t: torch.Tensor) -> tuple[Node, Any] | None:

@@ -7,6 +7,8 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <unordered_map>
+
 namespace lazy_native {
 
 // Owned reference that releases itself.
@@ -77,6 +79,9 @@ struct Operands {
     Ref srcs{PyList_New(0)};
     Ref keys{PyList_New(0)};
     Ref device;
+    // Python numbers already made operands, by identity, and their operand positions: a number
+    // used again (a foreach op's one scalar for every element) is the same operand.
+    std::unordered_map<PyObject*, Py_ssize_t> scalars;
 };
 
 PyObject* attr(Operands* ops, PyObject* v);

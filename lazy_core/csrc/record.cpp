@@ -18,10 +18,9 @@
 
 namespace lazy_native {
 
-// The marker of the last operand: from the table, past it a new one of the table's type
-// (a foreach op over many tensors has thousands of operands).
-PyObject* operand_marker(Operands& ops) {
-    Py_ssize_t i = PyList_GET_SIZE(ops.srcs.p) - 1;
+// The marker of operand ``i``: from the table, past it a new one of the table's type (a foreach
+// op over many tensors has thousands of operands).
+PyObject* marker(Py_ssize_t i) {
     if (i >= PyTuple_GET_SIZE(cfg.operands)) {
         Ref index(PyLong_FromSsize_t(i));
         if (!index) return nullptr;
@@ -31,6 +30,9 @@ PyObject* operand_marker(Operands& ops) {
     Py_INCREF(m);
     return m;
 }
+
+// The marker of the last operand.
+PyObject* operand_marker(Operands& ops) { return marker(PyList_GET_SIZE(ops.srcs.p) - 1); }
 
 bool append(PyObject* list, PyObject* item) {  // steals item
     if (item == nullptr) return false;
@@ -99,6 +101,13 @@ bool is_constant(PyObject* v, int kind) {
 
 PyObject* scalar_operand(Operands& ops, PyObject* v, int kind) {
     PyObject* type = (PyObject*)Py_TYPE(v);
+    auto seen = ops.scalars.find(v);
+    if (seen != ops.scalars.end()) {  // the same number again: the same operand
+        Py_INCREF(type);
+        if (!append(ops.keys.p, type)) return nullptr;
+        return marker(seen->second);
+    }
+    ops.scalars.emplace(v, PyList_GET_SIZE(ops.srcs.p));
     PyObject* node;
     if (is_constant(v, kind)) {
         Ref key(PyTuple_Pack(2, type, v));

@@ -167,6 +167,22 @@ def test_an_optimizer_step_records_one_node_per_foreach_call():
     assert ops["getitem"] == 10 * ops["foreach"]  # one output per parameter
 
 
+def test_one_number_for_every_element_is_one_graph_parameter():
+    from lazy_core import cut_graph, pending_storages
+    from lazy_core.ir import SCALAR
+
+    xs = [torch.rand(3, i + 1) for i in range(6)]
+    lazy = [t.to("lazy") for t in xs]
+    lazy_torch.mark_step()
+    scale, steps = 0.7, [0.1 * (i + 1) for i in range(6)]  # one number; one number per element
+    torch._foreach_mul_(lazy, scale)
+    torch._foreach_add_(lazy, steps)
+    params = cut_graph([s.node for s in pending_storages()]).params
+    assert sorted(p.payload for p in params if p.op == SCALAR) == sorted([scale, *steps])
+    for got, x, step in zip(lazy, xs, steps):
+        torch.testing.assert_close(got.cpu(), x * scale + step)
+
+
 def test_integer_and_mixed_dtype_lists_take_the_per_element_path():
     ints = [torch.arange(3), torch.arange(4) * 2]
     floats = [torch.rand(3), torch.rand(4)]
