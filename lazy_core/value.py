@@ -34,13 +34,16 @@ class Storage:
     cached for views of the old value (so no stale graph or device buffer outlives its value).
     """
 
-    __slots__ = ("__weakref__", "device", "id", "node", "views")
+    __slots__ = ("__weakref__", "buffer_id", "device", "id", "node", "views")
 
     def __init__(self, node: Node, device: Any):
         self.node = node
         self.device = device
         self.id = next(_ids)
         self.views: dict[tuple, Node] | None = None  # view steps -> Access node of ``node``
+        # id() of the device buffer the value last was (at an upload or a barrier): a barrier that
+        # donates that buffer gives it this storage's new value. An id only: no buffer kept alive.
+        self.buffer_id = id(node.payload) if node.op == DATA else None
         _live[self.id] = weakref.ref(self)
         if len(_live) >= _sweep_at:
             _sweep()
@@ -63,6 +66,8 @@ class Storage:
     def set(self, node: Node) -> None:
         self.node = node
         self.views = None
+        if node.op == DATA:
+            self.buffer_id = id(node.payload)
 
     @property
     def pending(self) -> bool:

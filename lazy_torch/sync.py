@@ -89,11 +89,31 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
         graph = graphs[device]
         donated = _donatable(graph, held) if held is not None else ()
         outputs = runtime.run_graph(
-            graph, device, donated, cause, defer_checks=cause == "mark_step", site=site
+            graph,
+            device,
+            donated,
+            cause,
+            defer_checks=cause == "mark_step",
+            site=site,
+            partners=_partners(graph, group, donated) if donated else None,
         )
         buffers = {id(r): b for r, b in zip(graph.roots, outputs)}
         for s, root in zip(group, roots):
             s.set(data_leaf(buffers[id(root)], root.dtype, root.shape))
+
+
+def _partners(graph: Graph, group: list[Storage], donated: tuple[int, ...]) -> dict[int, int]:
+    """Donated parameter index -> index of the root that should reuse its buffer: the new value
+    of the storage that held it. A buffer reused for another storage's value makes XLA copy the
+    old value away first (and the new one in), two kernels per parameter of an optimizer step."""
+    donated_by_buffer = {id(graph.params[i].payload): i for i in donated}
+    root_index = {id(r): k for k, r in enumerate(graph.roots)}
+    partners = {}
+    for s in group:
+        i = donated_by_buffer.get(s.buffer_id)
+        if i is not None:
+            partners[i] = root_index[id(s.node)]
+    return partners
 
 
 def mark_step(wait: bool = False) -> None:

@@ -108,23 +108,36 @@ def lower(graph: Graph, device_index: int, donate: tuple[int, ...] = ()) -> Any:
 
 
 def _lower(
-    graph: Graph, plan: tuple, layout: ParamLayout, device_index: int, donate: tuple[int, ...]
+    graph: Graph,
+    plan: tuple,
+    layout: ParamLayout,
+    device_index: int,
+    donate: tuple[int, ...],
+    order: tuple[int, ...] | None = None,
 ) -> tuple:
-    fn = build_function(plan, graph.outputs(), layout)
+    outputs = graph.outputs()
+    if order is not None:
+        outputs = tuple(outputs[k] for k in order)
+    fn = build_function(plan, outputs, layout)
     jitted = jax.jit(fn, donate_argnums=layout.arguments(donate))
     lowered = jitted.lower(*_param_specs(graph, layout, device_index))
     return lowered, fn.errors
 
 
 def _compile(
-    graph: Graph, device_index: int, donate: tuple[int, ...], cause: str, site: str
+    graph: Graph,
+    device_index: int,
+    donate: tuple[int, ...],
+    cause: str,
+    site: str,
+    order: tuple[int, ...] | None = None,
 ) -> Executable:
     start = time.perf_counter()
     plan = graph.plan()
     layout = _layout(graph)
     lowered = None
     try:
-        lowered, errors = _lower(graph, plan, layout, device_index, donate)
+        lowered, errors = _lower(graph, plan, layout, device_index, donate, order)
         lowered_at = time.perf_counter()
         hits = _persistent_hits[0]
         compiled = lowered.compile()
@@ -183,12 +196,15 @@ def run_graph(
     cause: str = "mark_step",
     defer_checks: bool = False,
     site: str = "<unknown>",
+    partners: dict[int, int] | None = None,
 ) -> tuple[jax.Array, ...]:
     """Run ``graph`` on device ``device_index``; returns its root buffers.
 
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
-    whose buffers the caller will never read again: XLA may reuse them for outputs. ``cause`` and
-    ``site`` (the user's ``file:line``) say what cut the graph, for metrics and LAZY_DEBUG.
+    whose buffers the caller will never read again: XLA may reuse them for outputs, and
+    ``partners`` maps a donated parameter to the root that should reuse its buffer (the new value
+    of what it held). ``cause`` and ``site`` (the user's ``file:line``) say what cut the graph,
+    for metrics and LAZY_DEBUG.
 
     A graph with runtime checks waits for them and raises eager's error (an out-of-range index,
     an integer division by zero) before returning, so the caller keeps every previous value; with
@@ -207,19 +223,25 @@ def run_graph(
             return found
     if donate and _constant_buffers:
         donate = tuple(i for i in donate if id(graph.params[i].payload) not in _constant_buffers)
-    key = (graph.key, donate)
+    order = _output_order(graph, donate, partners) if partners else None
+    key = (graph.key, donate, order)
     exe = _cache.get(key)
     hit = exe is not None
     if hit:
         metrics.count("cache_hits")
     else:
-        exe = _cache[key] = _compile(graph, device_index, donate, cause, site)
+        exe = _cache[key] = _compile(graph, device_index, donate, cause, site, order)
     start = time.perf_counter()
     try:
         *outputs, checks = exe.compiled(*_param_values(graph, exe.layout))
     except Exception as e:
         raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
     dispatched = time.perf_counter()
+    if order is not None:
+        ordered = outputs
+        outputs = [None] * len(ordered)
+        for position, k in enumerate(order):
+            outputs[k] = ordered[position]
     metrics.count("executions")
     if donate:
         metrics.count("donated_buffers", len(donate))
@@ -240,6 +262,37 @@ def run_graph(
     elif not graph.params:
         _keep_constant(graph.key, tuple(outputs))
     return tuple(outputs)
+
+
+def _output_order(
+    graph: Graph, donate: tuple[int, ...], partners: dict[int, int]
+) -> tuple[int, ...] | None:
+    """The roots in the order the executable returns them, so that each donated parameter's
+    buffer goes to its partner root; None when the roots' own order does that.
+
+    JAX pairs each output, in order, with the first unused donated argument of its shape and
+    dtype. Listing, for each donated parameter in argument order, its partner (or else the next
+    unpaired root of its shape and dtype), and then every other root, makes that pairing the
+    wanted one.
+    """
+    roots, params = graph.roots, graph.params
+    slot = lambda n: (n.shape, n.dtype)  # noqa: E731
+    paired = {k for i, k in partners.items() if slot(roots[k]) == slot(params[i])}
+    unpaired: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
+    for k, r in enumerate(roots):
+        if k not in paired:
+            unpaired[slot(r)].append(k)
+    order = []
+    for i in donate:
+        k = partners.get(i)
+        if k is None or k not in paired:
+            queue = unpaired.get(slot(params[i]))
+            k = queue.popleft() if queue else None
+        if k is not None:
+            order.append(k)
+    placed = set(order)
+    order += [k for k in range(len(roots)) if k not in placed]
+    return None if order == list(range(len(roots))) else tuple(order)
 
 
 def _keep_constant(key: int, outputs: tuple) -> None:

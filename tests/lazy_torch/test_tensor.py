@@ -237,6 +237,31 @@ def test_parameter_free_syncs_reuse_their_results_and_never_donate_them():
     assert lazy_torch.metrics.counters()["constant_results_reused"] == 2
 
 
+def test_an_optimizer_step_updates_each_tensor_in_its_own_donated_buffer():
+    # Layers of one shape: every parameter and moment could take any other's buffer, and a
+    # buffer given to another tensor's new value makes XLA copy both values (two kernels each).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(4)]).to("lazy")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(4, 8, device="lazy")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+        lazy_torch.mark_step(wait=True)
+
+    def buffers():
+        tensors = [*model.parameters()] + [s[k] for s in opt.state.values() for k in s if k != "step"]
+        return [t._lazy.node.payload.unsafe_buffer_pointer() for t in tensors]
+
+    step()
+    step()
+    before = buffers()
+    step()
+    assert buffers() == before and len(before) == 24
+
+
 def test_deepcopy_copies_values_not_the_graph():
     torch.manual_seed(0)
     cpu = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
