@@ -149,7 +149,7 @@ def _compile(
     metrics.count("persistent_cache_hits" if persistent else "compiles")
     metrics.time("compile_time", end - start)
     metrics.time("lowering_time", lowered_at - start)
-    reason = history.record(site, graph, plan, donate)
+    reason = history.record(site, graph, plan, donate, order)
     if reason:
         metrics.count("recompiles")
     e = metrics.GraphEvent(

@@ -22,15 +22,23 @@ class Compiled:
     sites: tuple[str | None, ...]
     outputs: tuple[int, ...]
     donate: tuple[int, ...]
+    order: tuple[int, ...] | None  # the order the executable returns its roots in
 
 
 _by_site: dict[str, collections.deque[Compiled]] = {}
 
 
-def record(site: str, graph: Graph, plan: tuple, donate: tuple[int, ...]) -> str | None:
+def record(
+    site: str,
+    graph: Graph,
+    plan: tuple,
+    donate: tuple[int, ...],
+    order: tuple[int, ...] | None = None,
+) -> str | None:
     """Remember a graph compiled for ``site``; returns why it differs from the site's nearest
     earlier graph, or None for the site's first compile."""
-    new = Compiled(graph.key, plan, tuple(n.site for n in graph.nodes), graph.outputs(), donate)
+    sites = tuple(n.site for n in graph.nodes)
+    new = Compiled(graph.key, plan, sites, graph.outputs(), donate, order)
     earlier = _by_site.setdefault(site, collections.deque(maxlen=_KEEP))
     reason = _explain(new, earlier) if earlier else None
     earlier.append(new)
@@ -66,7 +74,9 @@ def _explain(new: Compiled, earlier: collections.deque[Compiled]) -> str:
         )
     if new.outputs != best.outputs:
         return f"{base}: same nodes, different outputs (roots {new.outputs} vs {best.outputs})"
-    return f"{base}: same nodes, different donated inputs ({new.donate} vs {best.donate})"
+    if new.donate != best.donate:
+        return f"{base}: same nodes, different donated inputs ({new.donate} vs {best.donate})"
+    return f"{base}: same nodes and donated inputs, each given to other outputs"
 
 
 def _short(v: object, limit: int = 80) -> str:

@@ -21,9 +21,9 @@ def _add(a, b, alpha=None):
     return Node("aten.add.Tensor", (a, b), ((Operand(0), Operand(1)), kwargs), "float32", shape)
 
 
-def _record(site, roots, donate=()):
+def _record(site, roots, donate=(), order=None):
     graph = cut_graph(roots)
-    return history.record(site, graph, graph.plan(), donate)
+    return history.record(site, graph, graph.plan(), donate, order)
 
 
 def test_first_compile_of_a_site_has_no_reason_and_other_sites_are_separate():
@@ -72,6 +72,11 @@ def test_constants_wiring_outputs_and_donation_are_told_apart():
     history.reset()
     _record("s", [a], donate=())
     assert "different donated inputs ((0,) vs ())" in _record("s", [a], donate=(0,))
+    b = _add(x, x)
+    _record("s", [a, b], donate=(0,))
+    assert "donated inputs, each given to other outputs" in _record(
+        "s", [a, b], donate=(0,), order=(1, 0)
+    )
 
 
 def test_the_nearest_earlier_graph_is_the_longest_common_prefix():
