@@ -223,7 +223,7 @@ def run_graph(
             return found
     if donate and _constant_buffers:
         donate = tuple(i for i in donate if id(graph.params[i].payload) not in _constant_buffers)
-    order = _output_order(graph, donate, partners) if partners else None
+    order = _cached_order(graph, donate, partners) if partners else None
     key = (graph.key, donate, order)
     exe = _cache.get(key)
     hit = exe is not None
@@ -262,6 +262,23 @@ def run_graph(
     elif not graph.params:
         _keep_constant(graph.key, tuple(outputs))
     return tuple(outputs)
+
+
+# (graph key, donated parameters) -> the partners and output order worked out last for them.
+_orders: dict[tuple, tuple[dict[int, int], tuple[int, ...] | None]] = {}
+
+
+def _cached_order(
+    graph: Graph, donate: tuple[int, ...], partners: dict[int, int]
+) -> tuple[int, ...] | None:
+    found = _orders.get((graph.key, donate))
+    if found is not None and found[0] == partners:
+        return found[1]
+    if len(_orders) >= 1024:
+        _orders.clear()
+    order = _output_order(graph, donate, partners)
+    _orders[(graph.key, donate)] = (partners, order)
+    return order
 
 
 def _output_order(
