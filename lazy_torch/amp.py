@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -115,9 +115,9 @@ def get_autocast_dtype() -> torch.dtype:
     return _state.stack[-1][1] if _state.stack else torch.bfloat16
 
 
-def _set_key(on: bool) -> None:
-    torch._C._dispatch_tls_set_dispatch_key_included(_KEY, on)
-    torch._C._dispatch_tls_set_dispatch_key_excluded(_KEY, not on)
+def _set_key(included: bool, excluded: bool) -> None:
+    torch._C._dispatch_tls_set_dispatch_key_included(_KEY, included)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(_KEY, excluded)
 
 
 class autocast(contextlib.ContextDecorator):
@@ -155,18 +155,17 @@ class autocast(contextlib.ContextDecorator):
                 torch._C._dispatch_tls_is_dispatch_key_excluded(_KEY),
             )
         _state.stack.append((self.enabled, self.dtype, self.cache_enabled))
-        _set_key(self.enabled)
+        _set_key(self.enabled, not self.enabled)
         return self
 
     def __exit__(self, *exc: object) -> None:
         _state.stack.pop()
         if _state.stack:
-            _set_key(_state.stack[-1][0])
+            enabled = _state.stack[-1][0]
+            _set_key(enabled, not enabled)
             return
         _state.cache.clear()
-        included, excluded = _state.saved
-        torch._C._dispatch_tls_set_dispatch_key_included(_KEY, included)
-        torch._C._dispatch_tls_set_dispatch_key_excluded(_KEY, excluded)
+        _set_key(*_state.saved)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,13 +225,22 @@ def _dtype_slot(op: Any) -> tuple[int | None, str]:
     raise AssertionError(f"{op} has no dtype argument")
 
 
+def _flat(args: tuple, kwargs: dict) -> Iterator[Any]:
+    """Each argument, and each element of a list or tuple argument."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
+
+
+def _castable(t: Any) -> bool:
+    """A lazy floating-point tensor that autocast may cast (float64 is left alone)."""
+    return isinstance(t, LazyTensor) and t._meta[3] in _CASTABLE
+
+
 def _any_lazy(args: tuple, kwargs: dict) -> bool:
-    for a in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(a, LazyTensor):
-            return True
-        if isinstance(a, (list, tuple)) and any(isinstance(x, LazyTensor) for x in a):
-            return True
-    return False
+    return any(isinstance(a, LazyTensor) for a in _flat(args, kwargs))
 
 
 def _cast(t: Any, dtype: torch.dtype, cache: bool) -> Any:
@@ -277,23 +285,12 @@ def _banned(args: tuple, kwargs: dict, state: tuple) -> tuple[tuple, dict]:
     raise RuntimeError(_BANNED_MESSAGE)
 
 
-def _first_tensor(args: tuple, kwargs: dict) -> Any:
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            return a
-        if isinstance(a, (list, tuple)):
-            for x in a:
-                if isinstance(x, torch.Tensor):
-                    return x
-    return None
-
-
 def _set_float32(
     args: tuple, kwargs: dict, state: tuple, slot: tuple[int | None, str]
 ) -> tuple[tuple, dict]:
     """A float32 result unless a dtype is given, when the first tensor is one autocast may cast."""
-    first = _first_tensor(args, kwargs)
-    if not isinstance(first, LazyTensor) or first._meta[3] not in _CASTABLE:
+    first = next((a for a in _flat(args, kwargs) if isinstance(a, torch.Tensor)), None)
+    if not _castable(first):
         return args, kwargs
     position, name = slot
     if position is not None and position < len(args):
@@ -306,10 +303,9 @@ def _set_float32(
 
 def _widest(args: tuple, kwargs: dict, lower: torch.dtype) -> torch.dtype:
     widest = lower
-    for a in (*args, *kwargs.values()):
-        for t in a if isinstance(a, (list, tuple)) else (a,):
-            if isinstance(t, LazyTensor) and t._meta[3] in _CASTABLE:
-                widest = torch.promote_types(widest, t._meta[3])
+    for t in _flat(args, kwargs):
+        if _castable(t):
+            widest = torch.promote_types(widest, t._meta[3])
     return widest
 
 

@@ -189,7 +189,7 @@ class _Operands:
             node = scalar_leaf(v, dtype)
         self.srcs.append(node)
         self.keys.append(kind)
-        marker = self.scalars[id(v)] = operand(len(self.srcs) - 1)
+        self.scalars[id(v)] = marker = operand(len(self.srcs) - 1)
         return marker
 
 

@@ -223,7 +223,9 @@ def run_graph(
             return found
     if donate and _constant_buffers:
         donate = tuple(i for i in donate if id(graph.params[i].payload) not in _constant_buffers)
-    order = _cached_order(graph, donate, partners) if partners else None
+    order = None
+    if partners:
+        donate, order = _cached_pairing(graph, donate, partners)
     key = (graph.key, donate, order)
     exe = _cache.get(key)
     hit = exe is not None
@@ -264,52 +266,61 @@ def run_graph(
     return tuple(outputs)
 
 
-# (graph key, donated parameters) -> the partners and output order worked out last for them.
-_orders: dict[tuple, tuple[dict[int, int], tuple[int, ...] | None]] = {}
+# (graph key, donated parameters) -> the partners and the pairing worked out last for them.
+_pairings: dict[tuple, tuple[dict[int, int], tuple]] = {}
 
 
-def _cached_order(
+def _cached_pairing(
     graph: Graph, donate: tuple[int, ...], partners: dict[int, int]
-) -> tuple[int, ...] | None:
-    found = _orders.get((graph.key, donate))
+) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    found = _pairings.get((graph.key, donate))
     if found is not None and found[0] == partners:
         return found[1]
-    if len(_orders) >= 1024:
-        _orders.clear()
-    order = _output_order(graph, donate, partners)
-    _orders[(graph.key, donate)] = (partners, order)
-    return order
+    if len(_pairings) >= 1024:
+        _pairings.clear()
+    pairing = _pairing(graph, donate, partners)
+    _pairings[(graph.key, donate)] = (partners, pairing)
+    return pairing
 
 
-def _output_order(
+def _pairing(
     graph: Graph, donate: tuple[int, ...], partners: dict[int, int]
-) -> tuple[int, ...] | None:
-    """The roots in the order the executable returns them, so that each donated parameter's
-    buffer goes to its partner root; None when the roots' own order does that.
+) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """The donated parameters to keep, and the order the executable returns its roots in (None:
+    their own), so that each donated buffer goes to its partner root.
 
     JAX pairs each output, in order, with the first unused donated argument of its shape and
-    dtype. Listing, for each donated parameter in argument order, its partner (or else the next
-    unpaired root of its shape and dtype), and then every other root, makes that pairing the
-    wanted one.
+    dtype. So, for each donated parameter in argument order, the order lists its partner, or else
+    the next root of its shape and dtype that no parameter claims; a parameter left with neither
+    is not donated (it would take a later parameter's partner). Every other root follows. A root
+    claimed by two parameters (two storages given one value) goes to the first.
     """
     roots, params = graph.roots, graph.params
-    slot = lambda n: (n.shape, n.dtype)  # noqa: E731
-    paired = {k for i, k in partners.items() if slot(roots[k]) == slot(params[i])}
-    unpaired: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
-    for k, r in enumerate(roots):
-        if k not in paired:
-            unpaired[slot(r)].append(k)
-    order = []
+
+    def slot(n: Any) -> tuple:
+        return n.shape, n.dtype
+
+    owner: dict[int, int] = {}
     for i in donate:
         k = partners.get(i)
-        if k is None or k not in paired:
-            queue = unpaired.get(slot(params[i]))
+        if k is not None and k not in owner and slot(roots[k]) == slot(params[i]):
+            owner[k] = i
+    unclaimed: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
+    for k, r in enumerate(roots):
+        if k not in owner:
+            unclaimed[slot(r)].append(k)
+    kept, order = [], []
+    for i in donate:
+        k = partners.get(i)
+        if k is None or owner.get(k) != i:
+            queue = unclaimed.get(slot(params[i]))
             k = queue.popleft() if queue else None
         if k is not None:
+            kept.append(i)
             order.append(k)
     placed = set(order)
     order += [k for k in range(len(roots)) if k not in placed]
-    return None if order == list(range(len(roots))) else tuple(order)
+    return tuple(kept), (None if order == list(range(len(roots))) else tuple(order))
 
 
 def _keep_constant(key: int, outputs: tuple) -> None:

@@ -21,7 +21,7 @@ enum Kind { RECORD = 0, VIEW = 1, SHARE = 2 };
 std::unordered_map<PyObject*, PyObject*> plans;
 
 PyObject *s_lazy, *s_meta, *s_device, *s_node, *s_recording, *s_precision, *s_then,
-    *s_storage;
+    *s_storage, *s_assign, *s_is_floating_point;
 PyObject* scalar_dtypes[4];  // IR dtype names of bool, int, float, complex
 
 PyObject* view(PyObject* plan, PyObject* args, PyObject* kwargs) {
@@ -237,11 +237,12 @@ PyMethodDef dispatch_methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 bool add_dispatch(PyObject* module) {
-    PyObject** names[8] = {&s_lazy, &s_meta, &s_device, &s_node,
-                           &s_recording, &s_precision, &s_then, &s_storage};
-    const char* texts[8] = {"_lazy", "_meta", "device", "node",
-                            "recording", "_precision", "then", "storage"};
-    for (int i = 0; i < 8; i++)
+    PyObject** names[] = {&s_lazy,      &s_meta, &s_device,  &s_node,   &s_recording,
+                          &s_precision, &s_then, &s_storage, &s_assign, &s_is_floating_point};
+    const char* texts[] = {"_lazy",      "_meta", "device",  "node",   "recording",
+                           "_precision", "then",  "storage", "assign", "is_floating_point"};
+    static_assert(sizeof(names) / sizeof(names[0]) == sizeof(texts) / sizeof(texts[0]));
+    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++)
         if ((*names[i] = PyUnicode_InternFromString(texts[i])) == nullptr) return false;
     const char* dtypes[4] = {"bool", "int64", "float64", "complex128"};
     for (int i = 0; i < 4; i++)

@@ -71,7 +71,7 @@ struct Config {
 extern Config cfg;
 // Interned attribute names (dispatch.cpp makes them).
 extern PyObject *s_lazy, *s_meta, *s_device, *s_node, *s_recording, *s_precision, *s_then,
-    *s_storage;
+    *s_storage, *s_assign, *s_is_floating_point;
 extern PyObject* scalar_dtypes[4];  // IR dtype names of bool, int, float, complex
 
 // One op's operands, as the Python path's _Operands.

@@ -429,7 +429,6 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 // target's shape and dtype when there are targets (the Python path's record_elements checks).
 // -1 on an error.
 int elements_fit(PyObject* metas, PyObject* targets) {
-    static PyObject* s_is_floating_point = PyUnicode_InternFromString("is_floating_point");
     Py_ssize_t n = PySequence_Fast_GET_SIZE(metas);
     PyObject** items = PySequence_Fast_ITEMS(metas);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -475,7 +474,6 @@ PyObject* foreach_outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     Ref node(multi_node(op, srcs, arg, metas));
     Ref source(node ? PyTuple_Pack(1, node.p) : nullptr);
     if (!source) return nullptr;
-    static PyObject* s_assign = PyUnicode_InternFromString("assign");
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++) {
         Ref output(output_node(source.p, i));
         Ref value(output ? PyObject_GetAttr(PyList_GET_ITEM(targets, i), s_lazy) : nullptr);

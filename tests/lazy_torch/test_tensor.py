@@ -252,7 +252,9 @@ def test_an_optimizer_step_updates_each_tensor_in_its_own_donated_buffer():
         lazy_torch.mark_step(wait=True)
 
     def buffers():
-        tensors = [*model.parameters()] + [s[k] for s in opt.state.values() for k in s if k != "step"]
+        tensors = [*model.parameters()] + [
+            s[k] for s in opt.state.values() for k in s if k != "step"
+        ]
         return [t._lazy.node.payload.unsafe_buffer_pointer() for t in tensors]
 
     step()
