@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
-from lazy_core.ir import DATA, Node
+from lazy_core.ir import DATA, Node, _native
 
-# Weak references to live storages by id. Dead entries are swept in bulk (when the registry has
+# The Python twin's registry. Weak references to live storages by id. Dead entries are swept in bulk (when the registry has
 # doubled, and before every walk) instead of by a callback per storage, which would cost a Python
 # call on every tensor's death.
 _live: dict[int, weakref.ref] = {}
@@ -25,13 +24,17 @@ def _sweep() -> None:
     _sweep_at = max(_SWEEP_MIN, 2 * len(_live))
 
 
-class Storage:
+class PyStorage:
     """The current value of one buffer. In-place updates replace ``node``; the object stays.
 
-    Storages register themselves (weakly) so a barrier can find every live value with pending IR;
-    a storage nobody references disappears from the registry and never becomes a graph output.
+    Storages register themselves so a barrier can find every live value with pending IR; a
+    storage nobody references disappears from the registry and never becomes a graph output.
     ``node`` is read freely but written only through ``set``, which also drops the Access nodes
     cached for views of the old value (so no stale graph or device buffer outlives its value).
+
+    The C extension's Storage (lazy_core/csrc/storage.cpp) is the one used when it is built: the
+    same attributes and registry without a weak reference per storage, and outside the cycle
+    collector. This twin registers weakly and sweeps dead entries in bulk.
     """
 
     __slots__ = ("__weakref__", "buffer_id", "device", "id", "node", "views")
@@ -60,7 +63,7 @@ class Storage:
     def assign(self, value: Node) -> None:
         self.set(value)
 
-    def then(self, step: Any) -> Any:
+    def then(self, step: Any) -> View:
         return View(self, (step,))
 
     def set(self, node: Node) -> None:
@@ -78,26 +81,39 @@ class Storage:
         return f"Storage#{self.id}({self.node!r})"
 
 
-def live_storages() -> Iterator[Storage]:
-    """Live storages in creation order (a deterministic order keeps graph keys stable)."""
+def _py_live_storages() -> list[PyStorage]:
     _sweep()
-    for ref in list(_live.values()):
-        s = ref()
-        if s is not None:
-            yield s
+    return [s for s in (ref() for ref in list(_live.values())) if s is not None]
 
 
-def pending_and_held() -> tuple[list[Storage], set[int]]:
-    """In one pass: the live storages whose value is pending IR, and the ids of the device
-    buffers that the others hold as their values."""
+def _py_pending_and_held() -> tuple[list[PyStorage], set[int]]:
     pending, held = [], set()
-    for s in live_storages():
+    for s in _py_live_storages():
         node = s.node
         if node.op != DATA:
             pending.append(s)
         else:
             held.add(id(node.payload))
     return pending, held
+
+
+if _native is not None:
+    Storage: Any = _native.Storage
+    _live_storages, _pending_and_held = _native.live_storages, _native.pending_and_held
+else:
+    Storage = PyStorage
+    _live_storages, _pending_and_held = _py_live_storages, _py_pending_and_held
+
+
+def live_storages() -> list[Storage]:
+    """Live storages in creation order (a deterministic order keeps graph keys stable)."""
+    return _live_storages()
+
+
+def pending_and_held() -> tuple[list[Storage], set[int]]:
+    """In one pass: the live storages whose value is pending IR, and the ids of the device
+    buffers that the others hold as their values."""
+    return _pending_and_held()
 
 
 def pending_storages(device: Any = None) -> list[Storage]:

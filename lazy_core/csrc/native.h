@@ -1,6 +1,7 @@
 // Declarations shared by the translation units of the C extension lazy_core._native:
-// node.cpp (the IR Node type and the graph walk), record.cpp (recording one op, or a foreach op's
-// elements, as IR) and dispatch.cpp (__torch_dispatch__, views, plans and configuration).
+// node.cpp (the IR Node type and the graph walk), storage.cpp (the Storage type and the registry
+// of live storages), record.cpp (recording one op, or a foreach op's elements, as IR) and
+// dispatch.cpp (__torch_dispatch__, views, plans and configuration).
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -44,6 +45,12 @@ extern PyTypeObject NodeType;
 PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames);
 // Ready the Node type; add it and the node functions (attribute_to, current_site, walk).
 bool add_nodes(PyObject* module);
+
+// ---------------------------------------------------------------------------------------------
+// storage.cpp
+
+// Ready the Storage type; add it and the registry functions (live_storages, pending_and_held).
+bool add_storages(PyObject* module);
 
 // ---------------------------------------------------------------------------------------------
 // record.cpp and dispatch.cpp

@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from lazy_core import graph, ir
+from lazy_core import graph, ir, value
 from lazy_core.ir import DATA, SCALAR, Operand, PyNode
 
 _native = pytest.importorskip("lazy_core._native")
@@ -144,3 +144,52 @@ def test_walk_rejects_non_nodes():
             DATA,
             SCALAR,
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# Storage and its registry (storage.cpp) against value.py's twin.
+
+_TWINS = [
+    pytest.param((_native.Storage, _native.live_storages, _native.pending_and_held), id="c"),
+    pytest.param(
+        (value.PyStorage, value._py_live_storages, value._py_pending_and_held), id="python"
+    ),
+]
+
+
+@pytest.mark.parametrize("twin", _TWINS)
+def test_storage_values_and_registry_match_the_twin(twin):
+    storage, live, pending_and_held = twin
+    buf, new_buf = object(), object()
+    x = Node(DATA, (), None, "float32", (2,), payload=buf)
+    add = Node("aten.add.Tensor", (x, x), ((Operand(0), Operand(1)), ()), "float32", (2,))
+    before = {id(s) for s in live()}
+    a, b, c = storage(x, 0), storage(add, 1), storage(add, 0)
+    assert [s for s in live() if id(s) not in before] == [a, b, c]  # creation order
+    assert a.buffer_id == id(buf) and b.buffer_id is None
+    assert not a.pending and b.pending and b.device == 1 and a.id < b.id < c.id
+    assert a.storage is a and a.steps == () and a.writable
+    assert repr(b) == f"Storage#{b.id}({add!r})"
+    pending, held = pending_and_held()
+    assert b in pending and c in pending and a not in pending and id(buf) in held
+    b.views = {("step",): x}
+    b.set(Node(DATA, (), None, "float32", (2,), payload=new_buf))
+    assert b.views is None and not b.pending and b.buffer_id == id(new_buf)
+    b.assign(add)  # a pending value keeps the buffer the storage last held
+    assert b.pending and b.buffer_id == id(new_buf)
+    view = a.then(("step",))
+    assert view.storage is a and view.steps == (("step",),)
+    del c, pending
+    gc.collect()
+    assert [s for s in live() if id(s) not in before] == [a, b]
+
+
+def test_c_storages_stay_out_of_the_cycle_collector():
+    s = _native.Storage(Node(DATA, (), None, "float32", (2,), payload=1), 0)
+    assert not gc.is_tracked(s)
+    with pytest.raises(TypeError):
+        _native.Storage(s.node)  # Storage(node, device)
+    with pytest.raises(TypeError):
+        s.views = []
+    with pytest.raises(AttributeError):
+        s.node = s.node  # written through set only
