@@ -22,3 +22,7 @@ CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
 DONATE: bool = _flag("LAZY_DONATE", default=True)
 # Record common ops in C (lazy_core/csrc) when it is built; 0 keeps every op in Python.
 NATIVE: bool = _flag("LAZY_NATIVE", default=True)
+# On GPUs, let JAX's CUDA client launch an executable's kernels from a thread of its own (its TFRT
+# client) instead of the thread that calls it (device.py): a GPT-2 124M step's call takes 2.2
+# instead of 6.0 ms of host time on an H100.
+GPU_ASYNC_LAUNCH: bool = _flag("LAZY_GPU_ASYNC_LAUNCH", default=True)
