@@ -190,4 +190,6 @@ def test_donation_at_mark_step_never_on_partial_syncs():
         model.weight.add_(1)
     model.weight.sum().item()  # partial sync
     assert lazy_torch.metrics.counters()["donated_buffers"] == before
-    assert x.sum().item() == pytest.approx(x.cpu().sum().item())  # inputs stay readable
+    # Inputs stay readable. (A sum of 512 normals can lie near 0, where an exact relative bound
+    # failed on the two sums' rounding; float32's default tolerances hold.)
+    torch.testing.assert_close(x.sum().cpu(), x.cpu().sum())
