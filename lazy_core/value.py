@@ -63,8 +63,8 @@ class PyStorage:
     def assign(self, value: Node) -> None:
         self.set(value)
 
-    def then(self, step: Any) -> View:
-        return View(self, (step,))
+    def then(self, step: Any) -> PyView:
+        return PyView(self, (step,))
 
     def set(self, node: Node) -> None:
         self.node = node
@@ -123,4 +123,4 @@ def pending_storages(device: Any = None) -> list[Storage]:
     ]
 
 
-from lazy_core.view import View  # last: view.py builds on this module
+from lazy_core.view import PyView  # last: view.py builds on this module

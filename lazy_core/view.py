@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lazy_core.ir import Node
+from lazy_core.ir import Node, _native
 from lazy_core.value import Storage
 
 
@@ -49,10 +49,12 @@ class ViewStep:
         return Node(self.inverse_op, (parent, value), self.inverse_arg, parent.dtype, parent.shape)
 
 
-class View:
+class PyView:
     """What a tensor holds: its storage and the view steps from the storage's value to its own.
 
-    A tensor that is not a view has no steps and reads the storage's value directly.
+    A tensor that is not a view has no steps and reads the storage's value directly. The C
+    extension's View (lazy_core/csrc/storage.cpp) is the one used when it is built: the same
+    attributes and methods, and outside the cycle collector.
     """
 
     __slots__ = ("storage", "steps")
@@ -97,10 +99,13 @@ class View:
         self.storage.set(new)
         self.storage.views = {self.steps: value}  # reading the view back gives what was written
 
-    def then(self, step: ViewStep) -> View:
+    def then(self, step: ViewStep) -> PyView:
         """A view of this view."""
-        return View(self.storage, self.steps + (step,))
+        return PyView(self.storage, self.steps + (step,))
 
     @property
     def writable(self) -> bool:
         return all(s.inverse_op is not None for s in self.steps)
+
+
+View: Any = _native.View if _native is not None else PyView

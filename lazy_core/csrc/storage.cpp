@@ -1,11 +1,14 @@
-// The Storage type of lazy_core/value.py as a C type (value.py documents it and keeps a Python
-// twin for builds without this extension), and the registry of live storages.
+// The Storage type of lazy_core/value.py and the View type of lazy_core/view.py as C types (the
+// Python modules document them and keep Python twins for builds without this extension), and the
+// registry of live storages.
 //
 // The registry is a list threaded through the storages themselves, in creation order: a storage
 // joins it when made and leaves it in its dealloc, so it needs no weak reference and the registry
 // no sweeping. A storage refers to a node, a device index and its views cache, none of which can
 // lead back to a storage, so storages stay out of the cycle collector: a traced step leaves about
-// half as many tracked objects to be promoted into the oldest generation.
+// half as many tracked objects to be promoted into the oldest generation. Views refer to a storage
+// and a tuple of view steps, so they stay out too, and so does the instance dict of a tensor
+// holding one.
 #include "native.h"
 
 namespace lazy_native {
@@ -21,8 +24,16 @@ struct StorageObject {
 PyTypeObject StorageType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 StorageObject *first = nullptr, *last = nullptr;  // live storages, oldest first
 long long next_id = 0;
-PyObject *s_data = nullptr, *s_op = nullptr, *s_payload = nullptr;
-PyObject* view_type = nullptr;  // lazy_core.view.View, looked up at the first then()
+PyObject *s_data = nullptr, *s_op = nullptr, *s_payload = nullptr, *s_views = nullptr,
+         *s_set = nullptr, *s_access = nullptr, *s_write = nullptr, *s_inverse_op = nullptr;
+
+struct ViewObject {
+    PyObject_HEAD
+    PyObject *storage, *steps;  // steps: a tuple of view steps (lazy_core.view.ViewStep)
+};
+
+PyTypeObject ViewType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyObject* new_view(PyObject* storage, PyObject* steps);
 
 // The payload of ``node`` if it is a device-data leaf, else nullptr; -1 on error.
 int data_payload(PyObject* node, PyObject** payload) {
@@ -112,15 +123,8 @@ PyObject* storage_set(StorageObject* self, PyObject* node) {
 }
 
 PyObject* storage_then(StorageObject* self, PyObject* step) {
-    if (view_type == nullptr) {
-        Ref module(PyImport_ImportModule("lazy_core.view"));
-        if (!module) return nullptr;
-        view_type = PyObject_GetAttrString(module.p, "View");
-        if (view_type == nullptr) return nullptr;
-    }
     Ref steps(PyTuple_Pack(1, step));
-    if (!steps) return nullptr;
-    return PyObject_CallFunctionObjArgs(view_type, (PyObject*)self, steps.p, nullptr);
+    return steps ? new_view((PyObject*)self, steps.p) : nullptr;
 }
 
 PyObject* storage_repr(StorageObject* self) {
@@ -186,6 +190,163 @@ PyMethodDef storage_methods[] = {
     {"then", (PyCFunction)storage_then, METH_O, "A view of this storage: View(self, (step,))."},
     {nullptr, nullptr, 0, nullptr}};
 
+// ----------------------------------------------------------------------------------------------
+// View: a storage and the view steps from its value to the tensor's.
+
+// The storage's current value, its views cache (a new dict if it has none) and setting a value,
+// on the C storage's fields or through the Python twin's attributes.
+PyObject* storage_node(PyObject* storage) {
+    if (Py_IS_TYPE(storage, &StorageType)) {
+        PyObject* node = ((StorageObject*)storage)->node;
+        Py_INCREF(node);
+        return node;
+    }
+    return PyObject_GetAttr(storage, s_node);
+}
+
+PyObject* storage_views(PyObject* storage) {
+    Ref cache(Py_IS_TYPE(storage, &StorageType) ? Py_NewRef(((StorageObject*)storage)->views)
+                                                  : PyObject_GetAttr(storage, s_views));
+    if (!cache || cache.p != Py_None) return cache.release();
+    Ref fresh(PyDict_New());
+    if (!fresh || PyObject_SetAttr(storage, s_views, fresh.p) < 0) return nullptr;
+    return fresh.release();
+}
+
+int storage_assign_node(PyObject* storage, PyObject* node) {
+    if (Py_IS_TYPE(storage, &StorageType)) return storage_set_node((StorageObject*)storage, node);
+    Ref done(PyObject_CallMethodOneArg(storage, s_set, node));
+    return done ? 0 : -1;
+}
+
+PyObject* new_view(PyObject* storage, PyObject* steps) {
+    ViewObject* self = PyObject_New(ViewObject, &ViewType);
+    if (self == nullptr) return nullptr;
+    self->storage = Py_NewRef(storage);
+    self->steps = Py_NewRef(steps);
+    return (PyObject*)self;
+}
+
+PyObject* view_vectorcall(PyObject*, PyObject* const* argv, size_t nargsf, PyObject* kw) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n < 1 || n > 2 || (kw != nullptr && PyTuple_GET_SIZE(kw)) ||
+        (n == 2 && !PyTuple_Check(argv[1]))) {
+        PyErr_SetString(PyExc_TypeError, "View(storage, steps=()): steps is a tuple");
+        return nullptr;
+    }
+    if (n == 2) return new_view(argv[0], argv[1]);
+    Ref empty(PyTuple_New(0));
+    return empty ? new_view(argv[0], empty.p) : nullptr;
+}
+
+PyObject* view_tp_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+    if (kwargs != nullptr && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "View(storage, steps=())");
+        return nullptr;
+    }
+    return view_vectorcall((PyObject*)type, &PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args),
+                           nullptr);
+}
+
+void view_dealloc(ViewObject* self) {
+    Py_XDECREF(self->storage);
+    Py_XDECREF(self->steps);
+    PyObject_Free(self);
+}
+
+// The view's current value: an Access of the storage's value, cached on the storage per value so
+// every view with these steps shares one Access node.
+PyObject* view_node(ViewObject* self, void*) {
+    if (PyTuple_GET_SIZE(self->steps) == 0) return storage_node(self->storage);
+    Ref cache(storage_views(self->storage));
+    if (!cache) return nullptr;
+    PyObject* found = PyDict_GetItemWithError(cache.p, self->steps);
+    if (found != nullptr) return Py_NewRef(found);
+    if (PyErr_Occurred()) return nullptr;
+    Ref node(storage_node(self->storage));
+    for (Py_ssize_t i = 0; node && i < PyTuple_GET_SIZE(self->steps); i++)
+        Py_SETREF(node.p,
+                  PyObject_CallMethodOneArg(PyTuple_GET_ITEM(self->steps, i), s_access, node.p));
+    if (!node || PyDict_SetItem(cache.p, self->steps, node.p) < 0) return nullptr;
+    return node.release();
+}
+
+// Make ``value`` the view's value: the inverse of each step from the innermost outwards gives the
+// storage's new value (an Assign); reading the view back gives what was written.
+PyObject* view_assign(ViewObject* self, PyObject* value) {
+    PyObject* steps = self->steps;
+    Py_ssize_t n = PyTuple_GET_SIZE(steps);
+    if (n == 0) return storage_assign_node(self->storage, value) < 0 ? nullptr : Py_NewRef(Py_None);
+    Ref parents(PyList_New(0));
+    Ref parent(storage_node(self->storage));
+    if (!parents || !parent || PyList_Append(parents.p, parent.p) < 0) return nullptr;
+    for (Py_ssize_t i = 0; i + 1 < n; i++) {
+        Ref next(PyObject_CallMethodOneArg(PyTuple_GET_ITEM(steps, i), s_access, parent.p));
+        if (!next || PyList_Append(parents.p, next.p) < 0) return nullptr;
+        Py_SETREF(parent.p, next.release());
+    }
+    Ref written(Py_NewRef(value));
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        // step.write(parent, written); the slot before the arguments is the callee's to use.
+        PyObject* args[4] = {nullptr, PyTuple_GET_ITEM(steps, i), PyList_GET_ITEM(parents.p, i),
+                             written.p};
+        Ref next(PyObject_VectorcallMethod(s_write, args + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                           nullptr));
+        if (!next) return nullptr;
+        Py_SETREF(written.p, next.release());
+    }
+    if (storage_assign_node(self->storage, written.p) < 0) return nullptr;
+    Ref cache(PyDict_New());
+    if (!cache || PyDict_SetItem(cache.p, steps, value) < 0 ||
+        PyObject_SetAttr(self->storage, s_views, cache.p) < 0)
+        return nullptr;
+    Py_RETURN_NONE;
+}
+
+PyObject* view_then(ViewObject* self, PyObject* step) {
+    Py_ssize_t n = PyTuple_GET_SIZE(self->steps);
+    Ref steps(PyTuple_New(n + 1));
+    if (!steps) return nullptr;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(steps.p, i, Py_NewRef(PyTuple_GET_ITEM(self->steps, i)));
+    PyTuple_SET_ITEM(steps.p, n, Py_NewRef(step));
+    return new_view(self->storage, steps.p);
+}
+
+PyObject* view_writable(ViewObject* self, void*) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->steps); i++) {
+        Ref inverse(PyObject_GetAttr(PyTuple_GET_ITEM(self->steps, i), s_inverse_op));
+        if (!inverse) return nullptr;
+        if (inverse.p == Py_None) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+PyObject* view_device(ViewObject* self, void*) {
+    if (Py_IS_TYPE(self->storage, &StorageType))
+        return Py_NewRef(((StorageObject*)self->storage)->device);
+    return PyObject_GetAttr(self->storage, s_device);
+}
+
+PyObject* view_storage(ViewObject* self, void*) { return Py_NewRef(self->storage); }
+PyObject* view_steps(ViewObject* self, void*) { return Py_NewRef(self->steps); }
+
+PyGetSetDef view_getset[] = {
+    {"node", (getter)view_node, nullptr, "The current value (an Access of the storage's).", nullptr},
+    {"storage", (getter)view_storage, nullptr, "The storage the view is a window on.", nullptr},
+    {"steps", (getter)view_steps, nullptr, "The view steps from the storage's value.", nullptr},
+    {"writable", (getter)view_writable, nullptr, "Whether every step has an inverse.", nullptr},
+    {"device", (getter)view_device, nullptr, "The storage's device index.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyMethodDef view_methods[] = {
+    {"assign", (PyCFunction)view_assign, METH_O, "Make value the view's value (an Assign)."},
+    {"then", (PyCFunction)view_then, METH_O, "A view of this view."},
+    {nullptr, nullptr, 0, nullptr}};
+
+// ----------------------------------------------------------------------------------------------
+// The registry.
+
 // live_storages(): the live storages, oldest first.
 PyObject* live_storages(PyObject*, PyObject*) {
     Ref out(PyList_New(0));
@@ -223,7 +384,13 @@ bool add_storages(PyObject* module) {
     s_data = PyUnicode_InternFromString("data");
     s_op = PyUnicode_InternFromString("op");
     s_payload = PyUnicode_InternFromString("payload");
-    if (s_data == nullptr || s_op == nullptr || s_payload == nullptr) return false;
+    s_views = PyUnicode_InternFromString("views");
+    s_set = PyUnicode_InternFromString("set");
+    s_access = PyUnicode_InternFromString("access");
+    s_write = PyUnicode_InternFromString("write");
+    s_inverse_op = PyUnicode_InternFromString("inverse_op");
+    for (PyObject* name : {s_data, s_op, s_payload, s_views, s_set, s_access, s_write, s_inverse_op})
+        if (name == nullptr) return false;
     StorageType.tp_name = "lazy_core._native.Storage";
     StorageType.tp_basicsize = sizeof(StorageObject);
     StorageType.tp_flags = Py_TPFLAGS_DEFAULT;
@@ -243,6 +410,18 @@ bool add_storages(PyObject* module) {
     PyType_Modified(&StorageType);
     Py_INCREF(&StorageType);
     if (PyModule_AddObject(module, "Storage", (PyObject*)&StorageType) < 0) return false;
+    ViewType.tp_name = "lazy_core._native.View";
+    ViewType.tp_basicsize = sizeof(ViewObject);
+    ViewType.tp_flags = Py_TPFLAGS_DEFAULT;
+    ViewType.tp_doc = "A tensor's window on a storage (see lazy_core/view.py).";
+    ViewType.tp_new = view_tp_new;
+    ViewType.tp_vectorcall = view_vectorcall;
+    ViewType.tp_dealloc = (destructor)view_dealloc;
+    ViewType.tp_getset = view_getset;
+    ViewType.tp_methods = view_methods;
+    if (PyType_Ready(&ViewType) < 0) return false;
+    Py_INCREF(&ViewType);
+    if (PyModule_AddObject(module, "View", (PyObject*)&ViewType) < 0) return false;
     return PyModule_AddFunctions(module, registry_methods) == 0;
 }
 

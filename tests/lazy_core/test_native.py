@@ -7,6 +7,8 @@ import weakref
 import pytest
 
 from lazy_core import graph, ir, value
+from lazy_core import view as view_module
+from lazy_core.view import NotWritable, ViewStep
 from lazy_core.ir import DATA, SCALAR, Operand, PyNode
 
 _native = pytest.importorskip("lazy_core._native")
@@ -184,12 +186,49 @@ def test_storage_values_and_registry_match_the_twin(twin):
     assert [s for s in live() if id(s) not in before] == [a, b]
 
 
-def test_c_storages_stay_out_of_the_cycle_collector():
+def test_c_storages_and_views_stay_out_of_the_cycle_collector():
     s = _native.Storage(Node(DATA, (), None, "float32", (2,), payload=1), 0)
-    assert not gc.is_tracked(s)
+    assert not gc.is_tracked(s) and not gc.is_tracked(_native.View(s))
+    with pytest.raises(TypeError):
+        _native.View(s, [])  # View(storage, steps=()): steps are a tuple
     with pytest.raises(TypeError):
         _native.Storage(s.node)  # Storage(node, device)
     with pytest.raises(TypeError):
         s.views = []
     with pytest.raises(AttributeError):
         s.node = s.node  # written through set only
+
+
+_VIEW_TWINS = [
+    pytest.param((_native.Storage, _native.View), id="c"),
+    pytest.param((value.PyStorage, view_module.PyView), id="python"),
+]
+
+
+@pytest.mark.parametrize("twin", _VIEW_TWINS)
+def test_view_values_match_the_twin(twin):
+    storage_type, view_type = twin
+    base = Node(DATA, (), None, "float32", (4,), payload=object())
+    half = ViewStep("aten.slice.Tensor", (0, 0, 2), "float32", (2,), "aten.slice_scatter.default")
+    row = ViewStep("aten.select.int", (0, 1), "float32", (), "aten.select_scatter.default")
+    frozen = ViewStep("aten.expand.default", (2, 4), "float32", (2, 4), None, error="no inverse")
+    s = storage_type(base, 3)
+    whole = view_type(s)
+    v = whole.then(half).then(row)
+    assert type(v) is view_type and v.storage is s and v.steps == (half, row)
+    assert whole.node is base and v.device == 3 and v.writable
+    access = v.node
+    assert access.op == "aten.select.int" and access.src[0].op == "aten.slice.Tensor"
+    assert v.node is access  # cached on the storage per value: views share one Access node
+    assert view_type(s, (half, row)).node is access
+    new = Node("aten.neg.default", (access,), None, "float32", ())
+    v.assign(new)
+    assert s.node.op == "aten.slice_scatter.default" and s.node.src[0] is base
+    assert s.node.src[1].op == "aten.select_scatter.default"
+    assert v.node is new  # reading the view back gives what was written
+    stuck = view_type(s, (frozen,))
+    assert not stuck.writable
+    with pytest.raises(NotWritable, match="no inverse"):
+        stuck.assign(Node("aten.neg.default", (stuck.node,), None, "float32", (2, 4)))
+    whole.assign(base)
+    assert s.node is base and s.views is None
