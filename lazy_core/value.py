@@ -8,9 +8,9 @@ from typing import Any
 
 from lazy_core.ir import DATA, Node, _native
 
-# The Python twin's registry. Weak references to live storages by id. Dead entries are swept in bulk (when the registry has
-# doubled, and before every walk) instead of by a callback per storage, which would cost a Python
-# call on every tensor's death.
+# The Python twin's registry: weak references to live storages by id. Dead entries are swept in
+# bulk (when the registry has doubled, and before every walk) instead of by a callback per
+# storage, which would cost a Python call on every tensor's death.
 _live: dict[int, weakref.ref] = {}
 _ids = itertools.count()
 _SWEEP_MIN = 4096

@@ -1,4 +1,5 @@
-"""The C extension (lazy_core/csrc) against its Python twins: Node and the graph walk."""
+"""The C extension (lazy_core/csrc) against its Python twins: Node, the graph walk, Storage and its
+registry, View."""
 
 import gc
 import random
@@ -8,8 +9,8 @@ import pytest
 
 from lazy_core import graph, ir, value
 from lazy_core import view as view_module
-from lazy_core.view import NotWritable, ViewStep
 from lazy_core.ir import DATA, SCALAR, Operand, PyNode
+from lazy_core.view import NotWritable, ViewStep
 
 _native = pytest.importorskip("lazy_core._native")
 Node = _native.Node
