@@ -1,6 +1,6 @@
 """Host time of a training step with the structure of a large model and tiny tensors.
 
-PYTHONPATH=. python benchmarks/host_step.py [--layers 12] [--steps 40] [--amp]
+PYTHONPATH=. python benchmarks/host_step.py [--layers 12] [--steps 40] [--amp] [--gc-freeze]
 
 GPT-2 (transformers) with ``--layers`` blocks of width 48, AdamW, batch 1 x 64 on device='lazy':
 the device work is negligible, so a step's time is the host's (tracing plus mark_step). Prints
@@ -41,6 +41,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--amp", action="store_true", help="lazy_torch.amp.autocast(bfloat16)")
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() after warm-up (README: host time)"
+    )
     args = parser.parse_args()
     import transformers
 
@@ -69,6 +72,8 @@ def main() -> None:
     for _ in range(5):
         step()
         lazy_torch.wait_device_ops()
+    if args.gc_freeze:
+        gc.freeze()
     collector = _CollectorTime()
     gc.callbacks.append(collector)
     before = _native.stats()["python"] if _native is not None else None
