@@ -82,11 +82,14 @@ class PyStorage:
 
 
 def _py_live_storages() -> list[PyStorage]:
+    """Live storages in creation order (a deterministic order keeps graph keys stable)."""
     _sweep()
     return [s for s in (ref() for ref in list(_live.values())) if s is not None]
 
 
 def _py_pending_and_held() -> tuple[list[PyStorage], set[int]]:
+    """In one pass: the live storages whose value is pending IR, and the ids of the device
+    buffers that the others hold as their values."""
     pending, held = [], set()
     for s in _py_live_storages():
         node = s.node
@@ -97,23 +100,13 @@ def _py_pending_and_held() -> tuple[list[PyStorage], set[int]]:
     return pending, held
 
 
+# The C types and registry when the extension is built (the same contracts as the twins above).
 if _native is not None:
     Storage: Any = _native.Storage
-    _live_storages, _pending_and_held = _native.live_storages, _native.pending_and_held
+    live_storages, pending_and_held = _native.live_storages, _native.pending_and_held
 else:
     Storage = PyStorage
-    _live_storages, _pending_and_held = _py_live_storages, _py_pending_and_held
-
-
-def live_storages() -> list[Storage]:
-    """Live storages in creation order (a deterministic order keeps graph keys stable)."""
-    return _live_storages()
-
-
-def pending_and_held() -> tuple[list[Storage], set[int]]:
-    """In one pass: the live storages whose value is pending IR, and the ids of the device
-    buffers that the others hold as their values."""
-    return _pending_and_held()
+    live_storages, pending_and_held = _py_live_storages, _py_pending_and_held
 
 
 def pending_storages(device: Any = None) -> list[Storage]:

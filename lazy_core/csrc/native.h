@@ -1,6 +1,6 @@
 // Declarations shared by the translation units of the C extension lazy_core._native:
-// node.cpp (the IR Node type and the graph walk), storage.cpp (the Storage type and the registry
-// of live storages), record.cpp (recording one op, or a foreach op's elements, as IR) and
+// node.cpp (the IR Node type and the graph walk), storage.cpp (the Storage and View types and
+// the registry of live storages), record.cpp (recording one op, or a foreach op's elements, as IR) and
 // dispatch.cpp (__torch_dispatch__, views, plans and configuration).
 #pragma once
 
@@ -43,13 +43,16 @@ struct NodeObject {
 
 extern PyTypeObject NodeType;
 PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames);
+// Ready ``type`` and add it to the module as ``name``.
+bool add_type(PyObject* module, PyTypeObject* type, const char* name);
 // Ready the Node type; add it and the node functions (attribute_to, current_site, walk).
 bool add_nodes(PyObject* module);
 
 // ---------------------------------------------------------------------------------------------
 // storage.cpp
 
-// Ready the Storage type; add it and the registry functions (live_storages, pending_and_held).
+// Ready the Storage and View types; add them and the registry functions (live_storages,
+// pending_and_held).
 bool add_storages(PyObject* module);
 
 // ---------------------------------------------------------------------------------------------

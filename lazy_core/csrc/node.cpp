@@ -313,6 +313,14 @@ PyMethodDef node_methods[] = {
      "walk(roots, data_op, scalar_op) -> (post-order, parameters, hash of the wiring); graph.py."},
     {nullptr, nullptr, 0, nullptr}};
 
+bool add_type(PyObject* module, PyTypeObject* type, const char* name) {
+    if (PyType_Ready(type) < 0) return false;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject*)type) == 0) return true;
+    Py_DECREF(type);
+    return false;
+}
+
 bool add_nodes(PyObject* module) {
     NodeType.tp_name = "lazy_core._native.Node";
     NodeType.tp_basicsize = sizeof(NodeObject);
@@ -325,10 +333,8 @@ bool add_nodes(PyObject* module) {
     NodeType.tp_members = node_members;
     NodeType.tp_getset = node_getset;
     NodeType.tp_weaklistoffset = offsetof(NodeObject, weakrefs);
-    if (PyType_Ready(&NodeType) < 0) return false;
+    if (!add_type(module, &NodeType, "Node")) return false;
     Py_INCREF(Py_None);  // current_site's reference
-    Py_INCREF(&NodeType);
-    if (PyModule_AddObject(module, "Node", (PyObject*)&NodeType) < 0) return false;
     return PyModule_AddFunctions(module, node_methods) == 0;
 }
 

@@ -24,8 +24,7 @@ struct StorageObject {
 PyTypeObject StorageType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 StorageObject *first = nullptr, *last = nullptr;  // live storages, oldest first
 long long next_id = 0;
-PyObject *s_data = nullptr, *s_op = nullptr, *s_payload = nullptr, *s_views = nullptr,
-         *s_set = nullptr, *s_access = nullptr, *s_write = nullptr, *s_inverse_op = nullptr;
+PyObject *s_data = nullptr, *s_access = nullptr, *s_write = nullptr, *s_inverse_op = nullptr;
 
 struct ViewObject {
     PyObject_HEAD
@@ -35,28 +34,18 @@ struct ViewObject {
 PyTypeObject ViewType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 PyObject* new_view(PyObject* storage, PyObject* steps);
 
-// The payload of ``node`` if it is a device-data leaf, else nullptr; -1 on error.
+// The payload of ``node`` if it is a device-data leaf, else nullptr; -1 (TypeError) if it is not
+// a Node of this extension, the only kind lazy_core makes where this type is used.
 int data_payload(PyObject* node, PyObject** payload) {
     *payload = nullptr;
-    PyObject* op;
-    Ref owned;
-    if (Py_IS_TYPE(node, &NodeType)) {
-        op = ((NodeObject*)node)->op;
-    } else {
-        owned.p = PyObject_GetAttr(node, s_op);
-        if (!owned) return -1;
-        op = owned.p;
+    if (!Py_IS_TYPE(node, &NodeType)) {
+        PyErr_SetString(PyExc_TypeError, "a Storage's value is a lazy_core Node");
+        return -1;
     }
+    PyObject* op = ((NodeObject*)node)->op;
     int data = op == s_data ? 1 : PyObject_RichCompareBool(op, s_data, Py_EQ);
-    if (data <= 0) return data;
-    if (Py_IS_TYPE(node, &NodeType)) {
-        *payload = ((NodeObject*)node)->payload;
-        return 1;
-    }
-    Ref p(PyObject_GetAttr(node, s_payload));
-    if (!p) return -1;
-    *payload = p.p;  // borrowed from the node, which keeps it
-    return 1;
+    if (data > 0) *payload = ((NodeObject*)node)->payload;
+    return data;
 }
 
 // storage.set(node): the new value; drops the views' Access nodes of the old one.
@@ -100,12 +89,14 @@ PyObject* storage_vectorcall(PyObject* type, PyObject* const* argv, size_t nargs
     return storage_new((PyTypeObject*)type, argv, nargsf, kw);
 }
 
-PyObject* storage_tp_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+// tp_new of a type whose calls go through its vectorcall (``Type.__new__``, subclass calls).
+template <vectorcallfunc call>
+PyObject* positional_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     if (kwargs != nullptr && PyDict_GET_SIZE(kwargs)) {
-        PyErr_SetString(PyExc_TypeError, "Storage(node, device)");
+        PyErr_Format(PyExc_TypeError, "%s() takes positional arguments only", type->tp_name);
         return nullptr;
     }
-    return storage_new(type, &PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args), nullptr);
+    return call((PyObject*)type, &PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args), nullptr);
 }
 
 void storage_dealloc(StorageObject* self) {
@@ -193,31 +184,8 @@ PyMethodDef storage_methods[] = {
 // ----------------------------------------------------------------------------------------------
 // View: a storage and the view steps from its value to the tensor's.
 
-// The storage's current value, its views cache (a new dict if it has none) and setting a value,
-// on the C storage's fields or through the Python twin's attributes.
-PyObject* storage_node(PyObject* storage) {
-    if (Py_IS_TYPE(storage, &StorageType)) {
-        PyObject* node = ((StorageObject*)storage)->node;
-        Py_INCREF(node);
-        return node;
-    }
-    return PyObject_GetAttr(storage, s_node);
-}
-
-PyObject* storage_views(PyObject* storage) {
-    Ref cache(Py_IS_TYPE(storage, &StorageType) ? Py_NewRef(((StorageObject*)storage)->views)
-                                                  : PyObject_GetAttr(storage, s_views));
-    if (!cache || cache.p != Py_None) return cache.release();
-    Ref fresh(PyDict_New());
-    if (!fresh || PyObject_SetAttr(storage, s_views, fresh.p) < 0) return nullptr;
-    return fresh.release();
-}
-
-int storage_assign_node(PyObject* storage, PyObject* node) {
-    if (Py_IS_TYPE(storage, &StorageType)) return storage_set_node((StorageObject*)storage, node);
-    Ref done(PyObject_CallMethodOneArg(storage, s_set, node));
-    return done ? 0 : -1;
-}
+// A view's storage, which the View constructor checks is a Storage of this extension.
+StorageObject* storage_of(ViewObject* view) { return (StorageObject*)view->storage; }
 
 PyObject* new_view(PyObject* storage, PyObject* steps) {
     ViewObject* self = PyObject_New(ViewObject, &ViewType);
@@ -230,22 +198,13 @@ PyObject* new_view(PyObject* storage, PyObject* steps) {
 PyObject* view_vectorcall(PyObject*, PyObject* const* argv, size_t nargsf, PyObject* kw) {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (n < 1 || n > 2 || (kw != nullptr && PyTuple_GET_SIZE(kw)) ||
-        (n == 2 && !PyTuple_Check(argv[1]))) {
-        PyErr_SetString(PyExc_TypeError, "View(storage, steps=()): steps is a tuple");
+        !Py_IS_TYPE(argv[0], &StorageType) || (n == 2 && !PyTuple_Check(argv[1]))) {
+        PyErr_SetString(PyExc_TypeError, "View(storage, steps=()): a Storage and a tuple");
         return nullptr;
     }
     if (n == 2) return new_view(argv[0], argv[1]);
     Ref empty(PyTuple_New(0));
     return empty ? new_view(argv[0], empty.p) : nullptr;
-}
-
-PyObject* view_tp_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-    if (kwargs != nullptr && PyDict_GET_SIZE(kwargs)) {
-        PyErr_SetString(PyExc_TypeError, "View(storage, steps=())");
-        return nullptr;
-    }
-    return view_vectorcall((PyObject*)type, &PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args),
-                           nullptr);
 }
 
 void view_dealloc(ViewObject* self) {
@@ -257,13 +216,18 @@ void view_dealloc(ViewObject* self) {
 // The view's current value: an Access of the storage's value, cached on the storage per value so
 // every view with these steps shares one Access node.
 PyObject* view_node(ViewObject* self, void*) {
-    if (PyTuple_GET_SIZE(self->steps) == 0) return storage_node(self->storage);
-    Ref cache(storage_views(self->storage));
-    if (!cache) return nullptr;
+    StorageObject* storage = storage_of(self);
+    if (PyTuple_GET_SIZE(self->steps) == 0) return Py_NewRef(storage->node);
+    if (storage->views == Py_None) {
+        PyObject* fresh = PyDict_New();
+        if (fresh == nullptr) return nullptr;
+        Py_SETREF(storage->views, fresh);
+    }
+    Ref cache(Py_NewRef(storage->views));
     PyObject* found = PyDict_GetItemWithError(cache.p, self->steps);
     if (found != nullptr) return Py_NewRef(found);
     if (PyErr_Occurred()) return nullptr;
-    Ref node(storage_node(self->storage));
+    Ref node(Py_NewRef(storage->node));
     for (Py_ssize_t i = 0; node && i < PyTuple_GET_SIZE(self->steps); i++)
         Py_SETREF(node.p,
                   PyObject_CallMethodOneArg(PyTuple_GET_ITEM(self->steps, i), s_access, node.p));
@@ -274,11 +238,12 @@ PyObject* view_node(ViewObject* self, void*) {
 // Make ``value`` the view's value: the inverse of each step from the innermost outwards gives the
 // storage's new value (an Assign); reading the view back gives what was written.
 PyObject* view_assign(ViewObject* self, PyObject* value) {
+    StorageObject* storage = storage_of(self);
     PyObject* steps = self->steps;
     Py_ssize_t n = PyTuple_GET_SIZE(steps);
-    if (n == 0) return storage_assign_node(self->storage, value) < 0 ? nullptr : Py_NewRef(Py_None);
+    if (n == 0) return storage_set(storage, value);
     Ref parents(PyList_New(0));
-    Ref parent(storage_node(self->storage));
+    Ref parent(Py_NewRef(storage->node));
     if (!parents || !parent || PyList_Append(parents.p, parent.p) < 0) return nullptr;
     for (Py_ssize_t i = 0; i + 1 < n; i++) {
         Ref next(PyObject_CallMethodOneArg(PyTuple_GET_ITEM(steps, i), s_access, parent.p));
@@ -295,11 +260,11 @@ PyObject* view_assign(ViewObject* self, PyObject* value) {
         if (!next) return nullptr;
         Py_SETREF(written.p, next.release());
     }
-    if (storage_assign_node(self->storage, written.p) < 0) return nullptr;
-    Ref cache(PyDict_New());
-    if (!cache || PyDict_SetItem(cache.p, steps, value) < 0 ||
-        PyObject_SetAttr(self->storage, s_views, cache.p) < 0)
-        return nullptr;
+    if (storage_set_node(storage, written.p) < 0) return nullptr;
+    PyObject* cache = PyDict_New();
+    if (cache == nullptr) return nullptr;
+    Py_SETREF(storage->views, cache);
+    if (PyDict_SetItem(cache, steps, value) < 0) return nullptr;
     Py_RETURN_NONE;
 }
 
@@ -322,11 +287,7 @@ PyObject* view_writable(ViewObject* self, void*) {
     Py_RETURN_TRUE;
 }
 
-PyObject* view_device(ViewObject* self, void*) {
-    if (Py_IS_TYPE(self->storage, &StorageType))
-        return Py_NewRef(((StorageObject*)self->storage)->device);
-    return PyObject_GetAttr(self->storage, s_device);
-}
+PyObject* view_device(ViewObject* self, void*) { return Py_NewRef(storage_of(self)->device); }
 
 PyObject* view_storage(ViewObject* self, void*) { return Py_NewRef(self->storage); }
 PyObject* view_steps(ViewObject* self, void*) { return Py_NewRef(self->steps); }
@@ -382,46 +343,38 @@ PyMethodDef registry_methods[] = {
 
 bool add_storages(PyObject* module) {
     s_data = PyUnicode_InternFromString("data");
-    s_op = PyUnicode_InternFromString("op");
-    s_payload = PyUnicode_InternFromString("payload");
-    s_views = PyUnicode_InternFromString("views");
-    s_set = PyUnicode_InternFromString("set");
     s_access = PyUnicode_InternFromString("access");
     s_write = PyUnicode_InternFromString("write");
     s_inverse_op = PyUnicode_InternFromString("inverse_op");
-    for (PyObject* name : {s_data, s_op, s_payload, s_views, s_set, s_access, s_write, s_inverse_op})
+    for (PyObject* name : {s_data, s_access, s_write, s_inverse_op})
         if (name == nullptr) return false;
     StorageType.tp_name = "lazy_core._native.Storage";
     StorageType.tp_basicsize = sizeof(StorageObject);
     StorageType.tp_flags = Py_TPFLAGS_DEFAULT;
     StorageType.tp_doc = "The current value of one buffer (see lazy_core/value.py).";
-    StorageType.tp_new = storage_tp_new;
+    StorageType.tp_new = positional_new<storage_vectorcall>;
     StorageType.tp_vectorcall = storage_vectorcall;
     StorageType.tp_dealloc = (destructor)storage_dealloc;
     StorageType.tp_repr = (reprfunc)storage_repr;
     StorageType.tp_getset = storage_getset;
     StorageType.tp_methods = storage_methods;
-    if (PyType_Ready(&StorageType) < 0) return false;
+    if (!add_type(module, &StorageType, "Storage")) return false;
     // A storage is the view of itself with no steps.
     Ref steps(PyTuple_New(0));
     if (!steps || PyDict_SetItemString(StorageType.tp_dict, "steps", steps.p) < 0 ||
         PyDict_SetItemString(StorageType.tp_dict, "writable", Py_True) < 0)
         return false;
     PyType_Modified(&StorageType);
-    Py_INCREF(&StorageType);
-    if (PyModule_AddObject(module, "Storage", (PyObject*)&StorageType) < 0) return false;
     ViewType.tp_name = "lazy_core._native.View";
     ViewType.tp_basicsize = sizeof(ViewObject);
     ViewType.tp_flags = Py_TPFLAGS_DEFAULT;
     ViewType.tp_doc = "A tensor's window on a storage (see lazy_core/view.py).";
-    ViewType.tp_new = view_tp_new;
+    ViewType.tp_new = positional_new<view_vectorcall>;
     ViewType.tp_vectorcall = view_vectorcall;
     ViewType.tp_dealloc = (destructor)view_dealloc;
     ViewType.tp_getset = view_getset;
     ViewType.tp_methods = view_methods;
-    if (PyType_Ready(&ViewType) < 0) return false;
-    Py_INCREF(&ViewType);
-    if (PyModule_AddObject(module, "View", (PyObject*)&ViewType) < 0) return false;
+    if (!add_type(module, &ViewType, "View")) return false;
     return PyModule_AddFunctions(module, registry_methods) == 0;
 }
 
