@@ -68,16 +68,11 @@ def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
 
     ``salt`` (device, donation mask, ...) enters the key. Roots are de-duplicated by identity.
     """
-    unique_roots: list[Node] = []
-    seen_roots: set[int] = set()
-    for r in roots:
-        if id(r) not in seen_roots:
-            seen_roots.add(id(r))
-            unique_roots.append(r)
+    unique_roots = tuple(dict.fromkeys(roots))  # nodes compare by identity
     walk = _walk if _native is None else _native.walk
-    order, params, wiring = walk(tuple(unique_roots), DATA, SCALAR)
-    key = hash((tuple(r.hash for r in unique_roots), wiring, len(order), salt))
-    return Graph(tuple(unique_roots), order, params, key)
+    order, params, wiring = walk(unique_roots, DATA, SCALAR)
+    key = hash((tuple([r.hash for r in unique_roots]), wiring, len(order), salt))
+    return Graph(unique_roots, order, params, key)
 
 
 def _walk(roots: tuple[Node, ...], data: str, scalar: str) -> tuple[tuple, tuple, tuple]:

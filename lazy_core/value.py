@@ -6,7 +6,7 @@ import itertools
 import weakref
 from typing import Any
 
-from lazy_core.ir import DATA, Node, _native
+from lazy_core.ir import DATA, Node, _native, data_leaf
 
 # The Python twin's registry: weak references to live storages by id. Dead entries are swept in
 # bulk (when the registry has doubled, and before every walk) instead of by a callback per
@@ -100,13 +100,52 @@ def _py_pending_and_held() -> tuple[list[PyStorage], set[int]]:
     return pending, held
 
 
-# The C types and registry when the extension is built (the same contracts as the twins above).
+# A barrier's bookkeeping, per storage or parameter of the graph it cut (sync.py).
+
+
+def _py_settle(storages: list, roots: tuple, outputs: Any) -> None:
+    """After a graph ran: each storage's value becomes the output buffer of its root (its current
+    node; ``roots[k]`` computed ``outputs[k]``), as a data leaf."""
+    buffers = {id(r): b for r, b in zip(roots, outputs)}
+    for s in storages:
+        root = s.node
+        s.set(data_leaf(buffers[id(root)], root.dtype, root.shape))
+
+
+def _py_buffer_partners(storages: list, params: tuple, donated: tuple, roots: tuple) -> dict:
+    """Donated parameter index -> index of the root of the new value of the storage that last
+    held the parameter's buffer (the last such storage, where two held one buffer)."""
+    by_buffer = {id(params[i].payload): i for i in donated}
+    root_index = {id(r): k for k, r in enumerate(roots)}
+    partners = {}
+    for s in storages:
+        i = by_buffer.get(s.buffer_id)
+        if i is not None:
+            partners[i] = root_index[id(s.node)]
+    return partners
+
+
+def _py_unheld(params: tuple, candidates: tuple, counts: tuple, held: set) -> tuple[int, ...]:
+    """The ``candidates`` ((parameter index, slot index) pairs) whose buffer no live storage
+    holds (``held``: buffer ids), in order, at most ``counts[slot]`` of each slot."""
+    free = list(counts)
+    out = []
+    for i, slot in candidates:
+        if free[slot] > 0 and id(params[i].payload) not in held:
+            free[slot] -= 1
+            out.append(i)
+    return tuple(out)
+
+
+# The C types and functions when the extension is built (the same contracts as the twins above).
 if _native is not None:
     Storage: Any = _native.Storage
     live_storages, pending_and_held = _native.live_storages, _native.pending_and_held
+    settle, buffer_partners, unheld = _native.settle, _native.buffer_partners, _native.unheld
 else:
     Storage = PyStorage
     live_storages, pending_and_held = _py_live_storages, _py_pending_and_held
+    settle, buffer_partners, unheld = _py_settle, _py_buffer_partners, _py_unheld
 
 
 def pending_storages(device: Any = None) -> list[Storage]:

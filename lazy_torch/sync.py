@@ -7,8 +7,9 @@ import time
 from collections.abc import Iterable
 
 import runtime
-from lazy_core import Graph, Storage, cut_graph, data_leaf, pending_and_held
+from lazy_core import Graph, Storage, cut_graph, pending_and_held
 from lazy_core.ir import DATA
+from lazy_core.value import buffer_partners, settle, unheld
 from lazy_torch import rng as _rng
 from lazy_torch.sites import user_site
 
@@ -18,33 +19,28 @@ def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
 
     At a full barrier every live value with pending IR is an output, so a buffer that no live
     storage still holds as its value is read by this graph for the last time. XLA can only reuse a
-    donated buffer for an output of the same shape and dtype; others are not offered. What depends
-    on the graph alone (its output slots, the candidates) is worked out once per graph key.
+    donated buffer for an output of the same shape and dtype; others are not offered, and no more
+    of a (shape, dtype) slot than there are outputs of it. What depends on the graph alone (the
+    candidates and slots) is worked out once per graph key.
     """
     plan = _donation_plans.get(graph.key)
     if plan is None:
         if len(_donation_plans) >= 1024:
             _donation_plans.clear()
-        slots = collections.Counter((r.shape, r.dtype) for r in graph.roots)
+        counts = collections.Counter((r.shape, r.dtype) for r in graph.roots)
+        slot_index = {slot: k for k, slot in enumerate(counts)}
         candidates = tuple(
-            (i, (p.shape, p.dtype))
+            (i, slot_index[(p.shape, p.dtype)])
             for i, p in enumerate(graph.params)
-            if p.op == DATA and slots[(p.shape, p.dtype)] > 0
+            if p.op == DATA and (p.shape, p.dtype) in slot_index
         )
-        plan = _donation_plans[graph.key] = (candidates, slots)
-    candidates, slots = plan
-    free = dict(slots)
-    params = graph.params
-    donate = []
-    for i, slot in candidates:
-        if free[slot] > 0 and id(params[i].payload) not in held:
-            free[slot] -= 1
-            donate.append(i)
-    return tuple(donate)
+        plan = _donation_plans[graph.key] = (candidates, tuple(counts.values()))
+    return unheld(graph.params, *plan, held)
 
 
-# Per graph key: the DATA parameters an output could reuse, and the outputs' (shape, dtype) counts.
-_donation_plans: dict[int, tuple[tuple, collections.Counter]] = {}
+# Per graph key: the DATA parameters an output could reuse, as (parameter index, slot index)
+# pairs, and how many outputs each (shape, dtype) slot has.
+_donation_plans: dict[int, tuple[tuple, tuple]] = {}
 
 _step = {"end": None, "synced": 0.0}  # when the last mark_step returned; sync time since
 
@@ -85,9 +81,12 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
     runtime.metrics.count(f"syncs::{cause}")
     runtime.metrics.site(f"syncs::{cause}", site)
     for device, group in by_device.items():
-        roots = [s.node for s in group]
         graph = graphs[device]
         donated = _donatable(graph, held) if held is not None else ()
+        # Each donated buffer goes to the new value of the storage that held it: reused for
+        # another storage's value, XLA would copy the old value away first (and the new one in),
+        # two kernels per parameter of an optimizer step.
+        partners = buffer_partners(group, graph.params, donated, graph.roots) if donated else None
         outputs = runtime.run_graph(
             graph,
             device,
@@ -95,25 +94,9 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
             cause,
             defer_checks=cause == "mark_step",
             site=site,
-            partners=_partners(graph, group, donated) if donated else None,
+            partners=partners,
         )
-        buffers = {id(r): b for r, b in zip(graph.roots, outputs)}
-        for s, root in zip(group, roots):
-            s.set(data_leaf(buffers[id(root)], root.dtype, root.shape))
-
-
-def _partners(graph: Graph, group: list[Storage], donated: tuple[int, ...]) -> dict[int, int]:
-    """Donated parameter index -> index of the root that should reuse its buffer: the new value
-    of the storage that held it. A buffer reused for another storage's value makes XLA copy the
-    old value away first (and the new one in), two kernels per parameter of an optimizer step."""
-    donated_by_buffer = {id(graph.params[i].payload): i for i in donated}
-    root_index = {id(r): k for k, r in enumerate(graph.roots)}
-    partners = {}
-    for s in group:
-        i = donated_by_buffer.get(s.buffer_id)
-        if i is not None:
-            partners[i] = root_index[id(s.node)]
-    return partners
+        settle(group, graph.roots, outputs)
 
 
 def mark_step(wait: bool = False) -> None:

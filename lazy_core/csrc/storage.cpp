@@ -11,6 +11,8 @@
 // holding one.
 #include "native.h"
 
+#include <vector>
+
 namespace lazy_native {
 
 struct StorageObject {
@@ -335,10 +337,154 @@ PyObject* pending_and_held(PyObject*, PyObject*) {
     return PyTuple_Pack(2, pending.p, held.p);
 }
 
+// The barrier's bookkeeping over a cut graph's storages and parameters (value.py's twins: settle,
+// buffer_partners, unheld). Nodes and storages are compared by identity, as id() does.
+
+bool is_storage_list(PyObject* o) {
+    if (!PyList_Check(o)) return false;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); i++)
+        if (!Py_IS_TYPE(PyList_GET_ITEM(o, i), &StorageType)) return false;
+    return true;
+}
+
+bool is_node_tuple(PyObject* o) {
+    if (!PyTuple_Check(o)) return false;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); i++)
+        if (!PyObject_TypeCheck(PyTuple_GET_ITEM(o, i), &NodeType)) return false;
+    return true;
+}
+
+// Each root's position in ``roots`` (the last one where a node repeats, as a dict would keep).
+std::unordered_map<PyObject*, Py_ssize_t> positions(PyObject* roots) {
+    std::unordered_map<PyObject*, Py_ssize_t> at;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(roots); k++) at[PyTuple_GET_ITEM(roots, k)] = k;
+    return at;
+}
+
+// settle(storages, roots, outputs): after a graph ran, each storage's value becomes the output
+// buffer of its root (its current node; roots[k] computed outputs[k]) as a data leaf.
+PyObject* settle(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 3 || !is_storage_list(argv[0]) || !is_node_tuple(argv[1]) ||
+        !PySequence_Check(argv[2]) || PySequence_Size(argv[2]) != PyTuple_GET_SIZE(argv[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "settle(storages: list, roots: tuple of Nodes, outputs: one per root)");
+        return nullptr;
+    }
+    Ref outputs(PySequence_Fast(argv[2], "outputs"));
+    if (!outputs) return nullptr;
+    auto at = positions(argv[1]);
+    Ref no_src(PyTuple_New(0));
+    if (!no_src) return nullptr;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(argv[0]); i++) {
+        StorageObject* s = (StorageObject*)PyList_GET_ITEM(argv[0], i);
+        auto k = at.find(s->node);
+        if (k == at.end()) {
+            PyErr_SetString(PyExc_KeyError, "settle: a storage's value is not one of the roots");
+            return nullptr;
+        }
+        NodeObject* root = (NodeObject*)s->node;
+        PyObject* leaf_args[6] = {s_data, no_src.p, Py_None, root->dtype, root->shape,
+                                  PySequence_Fast_GET_ITEM(outputs.p, k->second)};
+        Ref leaf(node_new(&NodeType, leaf_args, 6, nullptr));
+        if (!leaf || storage_set_node(s, leaf.p) < 0) return nullptr;
+    }
+    Py_RETURN_NONE;
+}
+
+// buffer_partners(storages, params, donated, roots) -> {parameter index: root index}: each
+// donated parameter whose buffer a storage last held, paired with the root of that storage's
+// new value (the last such storage, where two held one buffer).
+PyObject* buffer_partners(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 4 || !is_storage_list(argv[0]) || !is_node_tuple(argv[1]) ||
+        !PyTuple_Check(argv[2]) || !is_node_tuple(argv[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "buffer_partners(storages: list, params: tuple, donated: tuple, roots: tuple)");
+        return nullptr;
+    }
+    PyObject *params = argv[1], *donated = argv[2];
+    std::unordered_map<void*, PyObject*> by_buffer;  // payload -> parameter index (borrowed)
+    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(donated); d++) {
+        PyObject* index = PyTuple_GET_ITEM(donated, d);
+        Py_ssize_t i = PyLong_AsSsize_t(index);
+        if (i == -1 && PyErr_Occurred()) return nullptr;
+        if (i < 0 || i >= PyTuple_GET_SIZE(params)) {
+            PyErr_SetString(PyExc_IndexError, "buffer_partners: a donated index out of range");
+            return nullptr;
+        }
+        by_buffer[((NodeObject*)PyTuple_GET_ITEM(params, i))->payload] = index;
+    }
+    auto at = positions(argv[3]);
+    Ref partners(PyDict_New());
+    if (!partners) return nullptr;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(argv[0]); i++) {
+        StorageObject* s = (StorageObject*)PyList_GET_ITEM(argv[0], i);
+        if (s->buffer == nullptr) continue;
+        auto p = by_buffer.find(s->buffer);
+        if (p == by_buffer.end()) continue;
+        auto k = at.find(s->node);
+        if (k == at.end()) {
+            PyErr_SetString(PyExc_KeyError, "buffer_partners: a storage's value is not a root");
+            return nullptr;
+        }
+        Ref root(PyLong_FromSsize_t(k->second));
+        if (!root || PyDict_SetItem(partners.p, p->second, root.p) < 0) return nullptr;
+    }
+    return partners.release();
+}
+
+// unheld(params, candidates, counts, held) -> the candidate parameters whose buffer no live
+// storage holds (``held``: buffer ids), in order, at most counts[slot] of each slot;
+// ``candidates`` are (parameter index, slot index) pairs.
+PyObject* unheld(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 4 || !is_node_tuple(argv[0]) || !PyTuple_Check(argv[1]) ||
+        !PyTuple_Check(argv[2]) || !PyAnySet_Check(argv[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "unheld(params: tuple, candidates: tuple, counts: tuple, held: set)");
+        return nullptr;
+    }
+    PyObject *params = argv[0], *candidates = argv[1], *held = argv[3];
+    std::vector<Py_ssize_t> free(PyTuple_GET_SIZE(argv[2]));
+    for (size_t j = 0; j < free.size(); j++) {
+        free[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(argv[2], j));
+        if (free[j] == -1 && PyErr_Occurred()) return nullptr;
+    }
+    Ref out(PyList_New(0));
+    if (!out) return nullptr;
+    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(candidates); c++) {
+        PyObject* pair = PyTuple_GET_ITEM(candidates, c);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "unheld: a candidate is not an (index, slot) pair");
+            return nullptr;
+        }
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+        Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1));
+        if ((i == -1 || slot == -1) && PyErr_Occurred()) return nullptr;
+        if (i < 0 || i >= PyTuple_GET_SIZE(params) || slot < 0 || (size_t)slot >= free.size()) {
+            PyErr_SetString(PyExc_IndexError, "unheld: a candidate out of range");
+            return nullptr;
+        }
+        if (free[slot] <= 0) continue;
+        Ref ident(PyLong_FromVoidPtr(((NodeObject*)PyTuple_GET_ITEM(params, i))->payload));
+        if (!ident) return nullptr;
+        int is_held = PySet_Contains(held, ident.p);
+        if (is_held < 0) return nullptr;
+        if (is_held) continue;
+        free[slot]--;
+        if (PyList_Append(out.p, PyTuple_GET_ITEM(pair, 0)) < 0) return nullptr;
+    }
+    return PyList_AsTuple(out.p);
+}
+
 PyMethodDef registry_methods[] = {
     {"live_storages", (PyCFunction)live_storages, METH_NOARGS, "Live storages, oldest first."},
     {"pending_and_held", (PyCFunction)pending_and_held, METH_NOARGS,
      "(pending storages, ids of the buffers the others hold); lazy_core/value.py."},
+    {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL,
+     "settle(storages, roots, outputs): each storage's value becomes its root's output buffer."},
+    {"buffer_partners", (PyCFunction)(void (*)(void))buffer_partners, METH_FASTCALL,
+     "buffer_partners(storages, params, donated, roots) -> {donated parameter: root}."},
+    {"unheld", (PyCFunction)(void (*)(void))unheld, METH_FASTCALL,
+     "unheld(params, candidates, counts, held) -> candidate parameters no storage holds."},
     {nullptr, nullptr, 0, nullptr}};
 
 bool add_storages(PyObject* module) {

@@ -233,3 +233,61 @@ def test_view_values_match_the_twin(twin):
         stuck.assign(Node("aten.neg.default", (stuck.node,), None, "float32", (2, 4)))
     whole.assign(base)
     assert s.node is base and s.views is None
+
+
+# ----------------------------------------------------------------------------------------------
+# A barrier's bookkeeping (storage.cpp: settle, buffer_partners, unheld) against value.py's twins.
+
+_BARRIER_TWINS = [
+    pytest.param(
+        (_native.Storage, _native.settle, _native.buffer_partners, _native.unheld), id="c"
+    ),
+    pytest.param(
+        (value.PyStorage, value._py_settle, value._py_buffer_partners, value._py_unheld),
+        id="python",
+    ),
+]
+
+
+@pytest.mark.parametrize("twin", _BARRIER_TWINS)
+def test_barrier_bookkeeping_matches_the_twin(twin):
+    storage, settle, buffer_partners, unheld = twin
+    bufs = [object() for _ in range(4)]
+    leaves = [Node(DATA, (), None, "float32", (2,), payload=b) for b in bufs]
+    wide = Node(DATA, (), None, "float32", (3,), payload=object())
+    neg = [Node("aten.neg.default", (x,), ((Operand(0),), ()), "float32", (2,)) for x in leaves]
+    # Storages 0 and 1 last held bufs[0] and bufs[1]; 2 shares storage 1's root; 3 held nothing.
+    s = [storage(leaves[0], 0), storage(leaves[1], 0), storage(leaves[2], 0)]
+    s[0].set(neg[1])
+    s[1].set(neg[0])
+    s[2].set(neg[0])
+    s.append(storage(neg[3], 0))
+    roots = (neg[1], neg[0], neg[3])
+    params = (leaves[0], leaves[1], wide, leaves[3], leaves[2])
+    # bufs[0] and bufs[2] are donated; bufs[2] was storage 2's, whose last value wins over none.
+    assert buffer_partners(s, params, (0, 4), roots) == {0: 0, 4: 1}
+    assert buffer_partners(s, params, (), roots) == {}
+    # Slot 0 (float32 (2,)) takes two outputs, slot 1 one; bufs[1] is still held.
+    held = {id(bufs[1])}
+    candidates = ((0, 0), (1, 0), (2, 1), (3, 0), (4, 0))
+    assert unheld(params, candidates, (2, 1), held) == (0, 2, 3)
+    assert unheld(params, candidates, (0, 1), held) == (2,)
+    outputs = ("out0", "out1", "out3")
+    settle(s, roots, outputs)
+    assert [x.node.payload for x in s] == ["out0", "out1", "out1", "out3"]
+    assert all(x.node.op == DATA and not x.pending and x.node.shape == (2,) for x in s)
+    assert [x.buffer_id for x in s] == [id(o) for o in ("out0", "out1", "out1", "out3")]
+    with pytest.raises(KeyError):
+        settle([storage(neg[2], 0)], roots, outputs)  # a value that is not a root
+
+
+def test_barrier_bookkeeping_rejects_bad_arguments():
+    leaf = Node(DATA, (), None, "float32", (2,), payload=1)
+    with pytest.raises(TypeError):
+        _native.settle([object()], (leaf,), (1,))
+    with pytest.raises(TypeError):
+        _native.settle([], (leaf,), ())  # one output per root
+    with pytest.raises(IndexError):
+        _native.buffer_partners([], (leaf,), (3,), (leaf,))
+    with pytest.raises(IndexError):
+        _native.unheld((leaf,), ((0, 5),), (1,), set())
