@@ -117,6 +117,7 @@ def mark_step(wait: bool = False) -> None:
     runtime.metrics.count("mark_steps")
     _rng.advance()
     pending, held = pending_and_held()
+    held.update(runtime.reused_buffers())  # results of parameter-free graphs are reused later
     sync(pending, cause="mark_step", held=held if runtime.config.DONATE else None)
     runtime.metrics.time("mark_step_time", time.perf_counter() - start)
     if wait:

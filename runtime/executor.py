@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
+import operator
 import os
 import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -201,7 +204,8 @@ def run_graph(
     """Run ``graph`` on device ``device_index``; returns its root buffers.
 
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
-    whose buffers the caller will never read again: XLA may reuse them for outputs, and
+    whose buffers the caller will never read again (none of ``reused_buffers()``): XLA may reuse
+    them for outputs, and
     ``partners`` maps a donated parameter to the root that should reuse its buffer (the new value
     of what it held). ``cause`` and ``site`` (the user's ``file:line``) say what cut the graph,
     for metrics and LAZY_DEBUG.
@@ -221,8 +225,6 @@ def run_graph(
                     metrics.GraphEvent("execute", cause, site, graph.key, n, 0.0, "reuse")
                 )
             return found
-    if donate and _constant_buffers:
-        donate = tuple(i for i in donate if id(graph.params[i].payload) not in _constant_buffers)
     order = None
     if partners:
         donate, order = _cached_pairing(graph, donate, partners)
@@ -240,10 +242,7 @@ def run_graph(
         raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
     dispatched = time.perf_counter()
     if order is not None:
-        ordered = outputs
-        outputs = [None] * len(ordered)
-        for position, k in enumerate(order):
-            outputs[k] = ordered[position]
+        outputs = _restorer(order)(outputs)
     metrics.count("executions")
     if donate:
         metrics.count("donated_buffers", len(donate))
@@ -256,7 +255,7 @@ def run_graph(
         metrics.event(
             metrics.GraphEvent("execute", cause, site, graph.key, n, dispatched - start, kind)
         )
-    _in_flight[:] = [o for o in outputs if isinstance(o, jax.Array)]
+    _in_flight[:] = outputs
     if exe.errors:
         _unchecked.append((checks, exe.errors))
         if not defer_checks:
@@ -264,6 +263,23 @@ def run_graph(
     elif not graph.params:
         _keep_constant(graph.key, tuple(outputs))
     return tuple(outputs)
+
+
+@functools.lru_cache(maxsize=64)
+def _restorer(order: tuple[int, ...]) -> Callable[[list], tuple]:
+    """Takes the outputs in ``order`` (the executable's: position -> root) back to root order."""
+    inverse = [0] * len(order)
+    for position, k in enumerate(order):
+        inverse[k] = position
+    if len(inverse) == 1:
+        return tuple
+    return operator.itemgetter(*inverse)
+
+
+def reused_buffers() -> set[int]:
+    """Ids of the buffers that later syncs reuse as results of parameter-free graphs: never to be
+    donated (the caller's ``held``; read-only)."""
+    return _constant_buffers
 
 
 # (graph key, donated parameters) -> the partners and the pairing worked out last for them.
@@ -439,6 +455,7 @@ __all__ = [
     "drop_cache",
     "executable_memory",
     "lower",
+    "reused_buffers",
     "run_graph",
     "set_cache_dir",
     "stablehlo_text",
