@@ -42,7 +42,11 @@ def train(
     torch.manual_seed(0)
     model = copy.deepcopy(model).to(device)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    # eps well above float32 roundoff: Adam divides each gradient by its own running size, so
+    # with the default 1e-8 a gradient that cancels to ~1e-9 moves its weight by a whole step
+    # whose size and sign are roundoff, which differs between any two summation orders (eager's
+    # own CPU kernels on two machines included).
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, eps=1e-6)
     lazy = device != "cpu"
     lazy_torch.metrics.reset()
     losses, compiles = [], []
