@@ -8,8 +8,9 @@ and on device='lazy' in one process and runs blocks of five training steps, alte
 backends and the modes (synced: wait for the device after every step; back to back: once per
 block), so that drift in the host's speed reaches every column alike. Prints, per backend and
 mode, the median host time of the forward (with zero_grad), the backward, the optimizer step and
-mark_step, and the mean step period of the blocks. When both backends are host-bound, the phases
-where lazy spends more host time than eager are where its step loses.
+mark_step, and the mean step period of the blocks (a back-to-back block's includes its one wait,
+so it exceeds the steady step that ``suite.py``'s b2b column measures). When both backends are
+host-bound, the phases where lazy spends more host time than eager are where its step loses.
 """
 
 from __future__ import annotations
