@@ -139,9 +139,10 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
         if keyed:
             calls = [(a, dict(zip(keys, k))) for a, k in zip(zip(*positional), zip(*keyed))]
         else:
-            calls = [(a, {}) for a in zip(*positional)]
+            no_kwargs: dict = {}  # one for every element: nothing writes to it
+            calls = [(a, no_kwargs) for a in zip(*positional)]
         if fusable and calls:
-            targets = [a[0] for a, _ in calls] if inplace else None
+            targets = list(positional[0]) if inplace else None
             out = record_elements(element, calls, targets)
             if out is not None:
                 return None if inplace else out

@@ -270,11 +270,12 @@ bool templated(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops,
             PyTuple_SET_ITEM(kwargs_t.p, i++, pair);
         }
     }
-    Ref keys(PyList_GetSlice(ops.keys.p, first, PyList_GET_SIZE(ops.keys.p)));
-    if (!keys) return false;
-    PyObject* keys_t = PyList_AsTuple(keys.p);
-    if (keys_t == nullptr) return false;
-    Ref key(Py_BuildValue("(OOON)", PyTuple_GET_ITEM(plan, 1), args_t.p, kwargs_t.p, keys_t));
+    Py_ssize_t nkeys = PyList_GET_SIZE(ops.keys.p) - first;
+    Ref keys_t(PyTuple_New(nkeys));
+    if (!keys_t) return false;
+    for (Py_ssize_t i = 0; i < nkeys; i++)
+        PyTuple_SET_ITEM(keys_t.p, i, Py_NewRef(PyList_GET_ITEM(ops.keys.p, first + i)));
+    Ref key(PyTuple_Pack(4, PyTuple_GET_ITEM(plan, 1), args_t.p, kwargs_t.p, keys_t.p));
     if (!key) return false;
     *meta = PyDict_GetItemWithError(cfg.meta_cache, key.p);
     return *meta != nullptr;
