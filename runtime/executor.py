@@ -205,9 +205,8 @@ def run_graph(
 
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
     whose buffers the caller will never read again (none of ``reused_buffers()``): XLA may reuse
-    them for outputs, and
-    ``partners`` maps a donated parameter to the root that should reuse its buffer (the new value
-    of what it held). ``cause`` and ``site`` (the user's ``file:line``) say what cut the graph,
+    them for outputs, and ``partners`` maps a donated parameter to the root that should reuse its
+    buffer (the new value of what it held). ``cause`` and ``site`` (the user's ``file:line``) say what cut the graph,
     for metrics and LAZY_DEBUG.
 
     A graph with runtime checks waits for them and raises eager's error (an out-of-range index,
