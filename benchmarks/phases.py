@@ -16,7 +16,6 @@ host-bound, the phases where lazy spends more host time than eager are where its
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 from typing import Any
@@ -31,10 +30,9 @@ PHASES = ("fwd", "bwd", "opt", "mark")
 
 def _backend(backend: str, wl: suite.Workload, args: argparse.Namespace) -> tuple[Any, Any]:
     lazy = backend == "lazy"
-    model = copy.deepcopy(wl.model).to("lazy" if lazy else args.device).train()
-    batch = lazy_torch.to_device(wl.batch) if lazy else tuple(t.to(args.device) for t in wl.batch)
+    model, batch, autocast = suite.placed(backend, wl, args)
+    model.train()
     opt = wl.optimizer(model.parameters())
-    autocast = suite._autocast(backend, args)
     if lazy:
         wait = lazy_torch.wait_device_ops
     else:

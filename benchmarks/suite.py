@@ -168,6 +168,15 @@ def _lazy_finish(out: Any) -> None:
     lazy_torch.wait_device_ops()
 
 
+def placed(backend: str, wl: Workload, args: argparse.Namespace) -> tuple[nn.Module, tuple, Any]:
+    """A copy of the workload's model and its batch on ``backend``'s device, and the autocast
+    context (a factory) it runs its steps in."""
+    lazy = backend == "lazy"
+    model = copy.deepcopy(wl.model).to("lazy" if lazy else args.device)
+    batch = lazy_torch.to_device(wl.batch) if lazy else tuple(t.to(args.device) for t in wl.batch)
+    return model, batch, _autocast(backend, args)
+
+
 def _autocast(backend: str, args: argparse.Namespace) -> Callable[[], Any]:
     if args.amp != "bf16":
         return contextlib.nullcontext
@@ -178,9 +187,7 @@ def _autocast(backend: str, args: argparse.Namespace) -> Callable[[], Any]:
 
 def _torch_backend(backend: str, wl: Workload, mode: str, args: argparse.Namespace):
     lazy = backend == "lazy"
-    model = copy.deepcopy(wl.model).to("lazy" if lazy else args.device)
-    batch = lazy_torch.to_device(wl.batch) if lazy else tuple(t.to(args.device) for t in wl.batch)
-    autocast = _autocast(backend, args)
+    model, batch, autocast = placed(backend, wl, args)
     compiled = torch.compile if backend == "compile" else lambda fn: fn
     if mode == "train":
         model.train()

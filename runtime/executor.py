@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import functools
 import operator
 import os
 import queue
@@ -31,12 +30,24 @@ class GraphError(RuntimeError):
 
 
 class Executable:
-    __slots__ = ("compiled", "errors", "layout")
+    __slots__ = ("compiled", "errors", "layout", "restore")
 
-    def __init__(self, compiled: Any, errors: list, layout: ParamLayout):
+    def __init__(
+        self, compiled: Any, errors: list, layout: ParamLayout, order: tuple[int, ...] | None
+    ):
         self.compiled = compiled
         self.errors = errors  # how to build the error of each runtime-check row (program.py)
         self.layout = layout  # the arguments of the graph's parameters
+        # Takes the outputs from ``order`` (the executable's: position -> root) back to root
+        # order; None when they come in it.
+        self.restore = None if order is None else _restorer(order)
+
+
+def _restorer(order: tuple[int, ...]) -> Callable[[list], tuple]:
+    inverse = [0] * len(order)
+    for position, k in enumerate(order):
+        inverse[k] = position
+    return tuple if len(inverse) == 1 else operator.itemgetter(*inverse)
 
 
 _cache: dict[Any, Executable] = {}
@@ -161,7 +172,7 @@ def _compile(
     )  # fmt: skip
     _dump(graph, lowered, e.line())
     metrics.event(e)
-    return Executable(compiled, errors, layout)
+    return Executable(compiled, errors, layout, order)
 
 
 _dumped = [0]
@@ -240,8 +251,8 @@ def run_graph(
     except Exception as e:
         raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
     dispatched = time.perf_counter()
-    if order is not None:
-        outputs = _restorer(order)(outputs)
+    if exe.restore is not None:
+        outputs = exe.restore(outputs)
     metrics.count("executions")
     if donate:
         metrics.count("donated_buffers", len(donate))
@@ -262,17 +273,6 @@ def run_graph(
     elif not graph.params:
         _keep_constant(graph.key, tuple(outputs))
     return tuple(outputs)
-
-
-@functools.lru_cache(maxsize=64)
-def _restorer(order: tuple[int, ...]) -> Callable[[list], tuple]:
-    """Takes the outputs in ``order`` (the executable's: position -> root) back to root order."""
-    inverse = [0] * len(order)
-    for position, k in enumerate(order):
-        inverse[k] = position
-    if len(inverse) == 1:
-        return tuple
-    return operator.itemgetter(*inverse)
 
 
 def reused_buffers() -> set[int]:
