@@ -104,6 +104,29 @@ def operand(i: int) -> Operand:
     return OPERANDS[i] if i < len(OPERANDS) else Operand(i)
 
 
+def operands(n: int) -> tuple[Operand, ...]:
+    """The markers of operands 0 to n - 1."""
+    return OPERANDS[:n] if n <= len(OPERANDS) else (*OPERANDS, *map(Operand, range(4096, n)))
+
+
+class Elements(tuple):
+    """A foreach node's per-element templates. Each element's markers count from its own first
+    operand, so equal elements have equal templates (and one memoized shape, shared with the
+    single op); ``fill`` leaves them alone, for the lowering to fill each element from its slice
+    of the operands."""
+
+    __slots__ = ()
+
+
+def fill(template: Any, values: Any) -> Any:
+    """``template`` with each operand marker replaced by its value in ``values``."""
+    if type(template) is Operand:
+        return values[template.i]
+    if type(template) is tuple:
+        return tuple([fill(t, values) for t in template])
+    return template
+
+
 def data_leaf(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Node:
     """A leaf holding a device buffer."""
     return Node(DATA, (), None, dtype, shape, payload=buffer)

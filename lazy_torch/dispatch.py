@@ -16,7 +16,7 @@ from torch._decomp import decomposition_table
 
 import runtime
 from lazy_core import Node, NotWritable, Storage, constant, getitem, scalar_leaf
-from lazy_core.ir import GETITEM, OPERANDS, operand
+from lazy_core.ir import GETITEM, OPERANDS, Elements, operand, operands
 from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
@@ -141,15 +141,21 @@ def _plan(func: Any) -> _Plan:
 
 
 class _Operands:
-    __slots__ = ("device", "keys", "scalars", "srcs")
+    __slots__ = ("base", "device", "keys", "scalars", "srcs")
 
     def __init__(self) -> None:
         self.srcs: list[Node] = []
         self.keys: list[Any] = []
         self.device: int | None = None
-        # Python numbers already made operands, by identity: a number used again (a foreach op's
-        # one scalar for every element) is the same operand.
-        self.scalars: dict[int, Any] = {}
+        # Python numbers already made operands, by identity, and their positions in srcs: a
+        # number used again (a foreach op's one scalar for every element) is the same operand.
+        self.scalars: dict[int, int] = {}
+        # Where the current call's operands start: markers count from there (a foreach op's
+        # elements each count from their own first operand).
+        self.base = 0
+
+    def _added(self) -> Any:
+        return operand(len(self.srcs) - 1 - self.base)
 
     def tensor(self, t: torch.Tensor) -> Any:
         if isinstance(t, LazyTensor):
@@ -161,36 +167,38 @@ class _Operands:
                 _device_mismatch(f"lazy:{self.device}", f"lazy:{device}")
             self.srcs.append(view.node)
             self.keys.append(t._meta)
-            return operand(len(self.srcs) - 1)
+            return self._added()
         scalar = _cpu_scalar(t)
         if scalar is None:
             here = "lazy:0" if self.device is None else f"lazy:{self.device}"
             _device_mismatch(here, str(t.device))
         self.srcs.append(scalar[0])
         self.keys.append(scalar[1])
-        return operand(len(self.srcs) - 1)
+        return self._added()
 
     def node(self, n: Node) -> Any:
         self.srcs.append(n)
-        return operand(len(self.srcs) - 1)
+        return self._added()
 
     def scalar(self, v: Any) -> Any:
         kind = type(v)
+        self.keys.append(kind)
         seen = self.scalars.get(id(v))
         if seen is not None:
-            self.keys.append(kind)
-            return seen
-        dtype = _SCALAR_DTYPES[kind]
-        if _is_constant(v):
-            node = _constants.get((kind, v))
-            if node is None:
-                node = _constants[(kind, v)] = constant(v, dtype)
+            if seen >= self.base:
+                return operand(seen - self.base)
+            node = self.srcs[seen]  # an earlier element's: this element's operand too
         else:
-            node = scalar_leaf(v, dtype)
+            dtype = _SCALAR_DTYPES[kind]
+            if _is_constant(v):
+                node = _constants.get((kind, v))
+                if node is None:
+                    node = _constants[(kind, v)] = constant(v, dtype)
+            else:
+                node = scalar_leaf(v, dtype)
         self.srcs.append(node)
-        self.keys.append(kind)
-        self.scalars[id(v)] = marker = operand(len(self.srcs) - 1)
-        return marker
+        self.scalars[id(v)] = len(self.srcs) - 1
+        return self._added()
 
 
 def _cpu_scalar(t: torch.Tensor) -> tuple[Node, Any] | None:
@@ -399,13 +407,18 @@ def record_elements(func: Any, calls: list[tuple[tuple, dict]], targets: list | 
     found = None if _native is None else _native.elements(plan.native, calls)
     if found is None:
         found = _elements(func, plan, calls)
-    srcs, templates, metas, device = found
-    arg = ((plan.name, templates), ())
+    srcs, templates, metas, device, counts = found
+    arg = foreach_arg(plan.name, srcs, templates, counts)
     outputs = _foreach_outputs if _native is None else _native.foreach_outputs
     try:
         return outputs(FOREACH, srcs, arg, metas, device, targets)
     except NotWritable as e:
         raise RuntimeError(str(e)) from None
+
+
+def foreach_arg(name: str, srcs: tuple, templates: tuple, counts: tuple[int, ...]) -> tuple:
+    """A foreach node's ``arg``: see lowerings/foreach.py."""
+    return ((name, operands(len(srcs)), Elements(templates), counts), ())
 
 
 def _foreach_outputs(
@@ -430,17 +443,20 @@ def _foreach_outputs(
 
 def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
     """The operands, per-call templates and Metas of ``calls`` of ``func`` sharing one operand
-    list, and their device (in C when built: ``_native.elements``)."""
+    list, their device and each call's operand count (in C when built: ``_native.elements``).
+    Each call's template counts its markers from its own first operand, so its shape memo key is
+    the single op's."""
     ops = _Operands()
-    templates, metas = [], []
+    templates, metas, counts = [], [], []
     for args, kwargs in calls:
-        start = len(ops.keys)
+        start, ops.base = len(ops.keys), len(ops.srcs)
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
         metas.append(
             infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys[start:])))
         )
         templates.append((args_t, kwargs_t))
-    return tuple(ops.srcs), tuple(templates), metas, ops.device
+        counts.append(len(ops.srcs) - ops.base)
+    return tuple(ops.srcs), tuple(templates), metas, ops.device, tuple(counts)
 
 
 def _multi_node(op: str, srcs: tuple, arg: Any, metas: Any) -> Node:

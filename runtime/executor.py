@@ -267,6 +267,7 @@ def run_graph(
         )
     _in_flight[:] = outputs
     if exe.errors:
+        checks.copy_to_host_async()  # read at a later barrier without waiting for the transfer
         _unchecked.append((checks, exe.errors))
         if not defer_checks:
             check_errors()

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, Operand
+from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, fill
 from lowerings import LOWERINGS, LoweringContext
 from lowerings.bounds import CHECKED, runtime_checks
 from lowerings.registry import category
@@ -18,14 +18,6 @@ from lowerings.registry import category
 _PRECISION = "_precision"
 _RNG = "_rng"
 _RNG_INDEX = "_rng_index"
-
-
-def _fill(template: Any, values: Sequence[Any]) -> Any:
-    if type(template) is Operand:
-        return values[template.i]
-    if type(template) is tuple:
-        return tuple(_fill(t, values) for t in template)
-    return template
 
 
 def rng_key(state: Any, index: int) -> Any:
@@ -57,8 +49,8 @@ def _apply(
     except KeyError:
         raise NotImplementedError(f"no lowering for {op}") from None
     args_t, kwargs_t = arg
-    args = _fill(args_t, operands)
-    kwargs = {k: _fill(v, operands) for k, v in kwargs_t}
+    args = fill(args_t, operands)
+    kwargs = {k: fill(v, operands) for k, v in kwargs_t}
     if op in CHECKED:
         checks.extend(runtime_checks(op, args, kwargs))
     precision = kwargs.pop(_PRECISION, "highest")

@@ -54,6 +54,8 @@ bool add_nodes(PyObject* module);
 // Ready the Storage and View types; add them and the registry functions (live_storages,
 // pending_and_held).
 bool add_storages(PyObject* module);
+// ``value.assign(node)`` for a Storage or View ``value``, without the method lookup.
+PyObject* assign(PyObject* value, PyObject* node);
 
 // ---------------------------------------------------------------------------------------------
 // record.cpp and dispatch.cpp
@@ -92,6 +94,9 @@ struct Operands {
     // Python numbers already made operands, by identity, and their operand positions: a number
     // used again (a foreach op's one scalar for every element) is the same operand.
     std::unordered_map<PyObject*, Py_ssize_t> scalars;
+    // Where the current call's operands start in srcs: markers count from there (a foreach op's
+    // elements each count from their own first operand).
+    Py_ssize_t base = 0;
 };
 
 PyObject* attr(Operands* ops, PyObject* v);

@@ -32,7 +32,9 @@ PyObject* marker(Py_ssize_t i) {
 }
 
 // The marker of the last operand.
-PyObject* operand_marker(Operands& ops) { return marker(PyList_GET_SIZE(ops.srcs.p) - 1); }
+PyObject* operand_marker(Operands& ops) {
+    return marker(PyList_GET_SIZE(ops.srcs.p) - 1 - ops.base);
+}
 
 bool append(PyObject* list, PyObject* item) {  // steals item
     if (item == nullptr) return false;
@@ -101,27 +103,29 @@ bool is_constant(PyObject* v, int kind) {
 
 PyObject* scalar_operand(Operands& ops, PyObject* v, int kind) {
     PyObject* type = (PyObject*)Py_TYPE(v);
-    auto seen = ops.scalars.find(v);
-    if (seen != ops.scalars.end()) {  // the same number again: the same operand
-        Py_INCREF(type);
-        if (!append(ops.keys.p, type)) return nullptr;
-        return marker(seen->second);
-    }
-    ops.scalars.emplace(v, PyList_GET_SIZE(ops.srcs.p));
-    PyObject* node;
-    if (is_constant(v, kind)) {
-        Ref key(PyTuple_Pack(2, type, v));
-        if (!key) return nullptr;
-        node = PyDict_GetItemWithError(cfg.constants, key.p);  // borrowed
-        if (node == nullptr) return nullptr;                   // made once, by the Python path
-        Py_INCREF(node);
-    } else {
-        PyObject* call[2] = {v, scalar_dtypes[kind]};
-        node = PyObject_Vectorcall(cfg.scalar_leaf, call, 2, nullptr);
-    }
-    if (!append(ops.srcs.p, node)) return nullptr;
     Py_INCREF(type);
     if (!append(ops.keys.p, type)) return nullptr;
+    auto seen = ops.scalars.find(v);
+    PyObject* node;
+    if (seen != ops.scalars.end()) {  // the same number again: the same operand
+        if (seen->second >= ops.base) return marker(seen->second - ops.base);
+        node = PyList_GET_ITEM(ops.srcs.p, seen->second);  // an earlier element's: this one's too
+        Py_INCREF(node);
+        seen->second = PyList_GET_SIZE(ops.srcs.p);
+    } else {
+        ops.scalars.emplace(v, PyList_GET_SIZE(ops.srcs.p));
+        if (is_constant(v, kind)) {
+            Ref key(PyTuple_Pack(2, type, v));
+            if (!key) return nullptr;
+            node = PyDict_GetItemWithError(cfg.constants, key.p);  // borrowed
+            if (node == nullptr) return nullptr;  // made once, by the Python path
+            Py_INCREF(node);
+        } else {
+            PyObject* call[2] = {v, scalar_dtypes[kind]};
+            node = PyObject_Vectorcall(cfg.scalar_leaf, call, 2, nullptr);
+        }
+    }
+    if (!append(ops.srcs.p, node)) return nullptr;
     return operand_marker(ops);
 }
 
@@ -237,10 +241,9 @@ PyObject* fresh(PyObject* node, PyObject* meta, PyObject* device) {
     return storage ? make_tensor(storage.p, meta, device) : nullptr;
 }
 
-// The template of one call of a RECORD plan's op and its memoized Meta (borrowed), the Python
-// path's _template and infer; ops.keys from ``first`` on are this call's.
-bool templated(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops,
-               Py_ssize_t first, Ref& args_t, Ref& kwargs_t, PyObject** meta) {
+// The template of one call of a RECORD plan's op (the Python path's _template).
+bool template_of(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops, Ref& args_t,
+                 Ref& kwargs_t) {
     PyObject* mask = PyTuple_GET_ITEM(plan, 2);
     PyObject* scalar_names = PyTuple_GET_ITEM(plan, 3);
     Py_ssize_t n = PyTuple_GET_SIZE(args);
@@ -270,15 +273,21 @@ bool templated(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops,
             PyTuple_SET_ITEM(kwargs_t.p, i++, pair);
         }
     }
+    return true;
+}
+
+// The memoized Meta (borrowed) of a call with this template, whose operands' keys are ops.keys
+// from ``first`` on (the Python path's infer); nullptr when there is none.
+PyObject* memoized_meta(PyObject* plan, PyObject* args_t, PyObject* kwargs_t, Operands& ops,
+                        Py_ssize_t first) {
     Py_ssize_t nkeys = PyList_GET_SIZE(ops.keys.p) - first;
     Ref keys_t(PyTuple_New(nkeys));
-    if (!keys_t) return false;
+    if (!keys_t) return nullptr;
     for (Py_ssize_t i = 0; i < nkeys; i++)
         PyTuple_SET_ITEM(keys_t.p, i, Py_NewRef(PyList_GET_ITEM(ops.keys.p, first + i)));
-    Ref key(PyTuple_Pack(4, PyTuple_GET_ITEM(plan, 1), args_t.p, kwargs_t.p, keys_t.p));
-    if (!key) return false;
-    *meta = PyDict_GetItemWithError(cfg.meta_cache, key.p);
-    return *meta != nullptr;
+    Ref key(PyTuple_Pack(4, PyTuple_GET_ITEM(plan, 1), args_t, kwargs_t, keys_t.p));
+    if (!key) return nullptr;
+    return PyDict_GetItemWithError(cfg.meta_cache, key.p);
 }
 
 // A node with one output per Meta of ``metas`` (None where the op produces none): its dtypes and
@@ -354,9 +363,10 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     Operands ops;
     if (!ops.srcs || !ops.keys) return nullptr;
     Ref args_t, kwargs_t;
-    PyObject* meta;
+    if (!template_of(plan, args, kwargs, ops, args_t, kwargs_t)) return nullptr;
+    PyObject* meta = memoized_meta(plan, args_t.p, kwargs_t.p, ops, 0);
+    if (meta == nullptr) return nullptr;
     PyObject* dtype_name;
-    if (!templated(plan, args, kwargs, ops, 0, args_t, kwargs_t, &meta)) return nullptr;
     if (!ops.device) return nullptr;  // factories take their device from keywords
     if (kwargs && !on_own_device(kwargs, ops.device.p)) return nullptr;  // e.g. _to_copy to CPU
     bool single = is_single_meta(meta, &dtype_name);
@@ -381,9 +391,34 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     return node ? fresh(node.p, meta, ops.device.p) : nullptr;
 }
 
-// elements(plan, calls): the operands, per-call templates and Metas of a foreach op's element
-// calls ``[(args, kwargs), ...]`` sharing one operand list (lazy_torch's record_elements), or
-// None where the Python path must do it.
+// A template and Meta seen earlier in one foreach call (borrowed: the call's templates, Metas
+// and keys hold them), and where its operands' keys are.
+struct SeenElement {
+    PyObject* pair;
+    PyObject* meta;
+    Py_ssize_t first, nkeys;
+};
+
+// Whether an element with this template and these operand keys has the Meta of ``seen``: equal
+// templates and keys make an equal memo key. -1 on an error.
+int same_element(const SeenElement& seen, PyObject* args_t, PyObject* kwargs_t, PyObject* keys,
+                 Py_ssize_t first, Py_ssize_t nkeys) {
+    if (seen.nkeys != nkeys) return 0;
+    for (Py_ssize_t i = 0; i < nkeys; i++) {
+        int same = PyObject_RichCompareBool(PyList_GET_ITEM(keys, first + i),
+                                            PyList_GET_ITEM(keys, seen.first + i), Py_EQ);
+        if (same != 1) return same;
+    }
+    int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(seen.pair, 0), args_t, Py_EQ);
+    if (same != 1) return same;
+    return PyObject_RichCompareBool(PyTuple_GET_ITEM(seen.pair, 1), kwargs_t, Py_EQ);
+}
+
+// elements(plan, calls): the operands, per-call templates, Metas, device and per-call operand
+// counts of a foreach op's element calls ``[(args, kwargs), ...]`` sharing one operand list
+// (lazy_torch's _elements: each call's markers count from its own first operand), or None where
+// the Python path must do it. A call like an earlier one (an optimizer's lists repeat a few
+// shapes) shares its template and takes its Meta without building and hashing a memo key.
 PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 5 ||
         !PyList_CheckExact(argv[1])) {
@@ -394,8 +429,10 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     PyObject* calls = argv[1];
     Operands ops;
     Py_ssize_t n = PyList_GET_SIZE(calls);
-    Ref templates(PyTuple_New(n)), metas(PyList_New(n));
-    bool ok = ops.srcs && ops.keys && templates && metas;
+    Ref templates(PyTuple_New(n)), metas(PyList_New(n)), counts(PyTuple_New(n));
+    SeenElement seen[8];
+    int nseen = 0;
+    bool ok = ops.srcs && ops.keys && templates && metas && counts;
     for (Py_ssize_t e = 0; ok && e < n; e++) {
         PyObject* call = PyList_GET_ITEM(calls, e);
         if (!PyTuple_CheckExact(call) || PyTuple_GET_SIZE(call) != 2 ||
@@ -405,17 +442,39 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
             break;
         }
         PyObject* kwargs = PyTuple_GET_ITEM(call, 1);
+        Py_ssize_t first = PyList_GET_SIZE(ops.keys.p);
+        ops.base = PyList_GET_SIZE(ops.srcs.p);
         Ref args_t, kwargs_t;
-        PyObject* meta;
-        ok = templated(plan, PyTuple_GET_ITEM(call, 0), PyDict_GET_SIZE(kwargs) ? kwargs : nullptr,
-                       ops, PyList_GET_SIZE(ops.keys.p), args_t, kwargs_t, &meta);
+        ok = template_of(plan, PyTuple_GET_ITEM(call, 0), PyDict_GET_SIZE(kwargs) ? kwargs : nullptr,
+                         ops, args_t, kwargs_t);
         if (!ok) break;
-        PyObject* pair = PyTuple_Pack(2, args_t.p, kwargs_t.p);
-        ok = pair != nullptr;
+        Py_ssize_t nkeys = PyList_GET_SIZE(ops.keys.p) - first;
+        PyObject *pair = nullptr, *meta = nullptr;
+        for (int k = 0; k < nseen; k++) {
+            int same = same_element(seen[k], args_t.p, kwargs_t.p, ops.keys.p, first, nkeys);
+            if (same < 0) {
+                ok = false;
+                break;
+            }
+            if (same == 1) {
+                pair = Py_NewRef(seen[k].pair);
+                meta = seen[k].meta;
+                break;
+            }
+        }
         if (!ok) break;
+        if (pair == nullptr) {
+            meta = memoized_meta(plan, args_t.p, kwargs_t.p, ops, first);
+            pair = meta ? PyTuple_Pack(2, args_t.p, kwargs_t.p) : nullptr;
+            ok = pair != nullptr;
+            if (!ok) break;
+            if (nseen < 8) seen[nseen++] = {pair, meta, first, nkeys};
+        }
         PyTuple_SET_ITEM(templates.p, e, pair);
-        Py_INCREF(meta);
-        PyList_SET_ITEM(metas.p, e, meta);
+        PyList_SET_ITEM(metas.p, e, Py_NewRef(meta));
+        PyObject* count = PyLong_FromSsize_t(PyList_GET_SIZE(ops.srcs.p) - ops.base);
+        ok = count != nullptr;
+        if (ok) PyTuple_SET_ITEM(counts.p, e, count);
     }
     if (!ok || !ops.device) {
         PyErr_Clear();
@@ -423,7 +482,7 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     }
     Ref srcs(PyList_AsTuple(ops.srcs.p));
     if (!srcs) return nullptr;
-    return PyTuple_Pack(4, srcs.p, templates.p, metas.p, ops.device.p);
+    return PyTuple_Pack(5, srcs.p, templates.p, metas.p, ops.device.p, counts.p);
 }
 
 // Whether every element result fits one foreach node: one floating-point tensor each, of its
@@ -432,13 +491,17 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 int elements_fit(PyObject* metas, PyObject* targets) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(metas);
     PyObject** items = PySequence_Fast_ITEMS(metas);
+    PyObject* floating_dtype = nullptr;  // the last dtype found floating-point
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject* dtype_name;
         if (!is_single_meta(items[i], &dtype_name)) return PyErr_Occurred() ? -1 : 0;
         PyObject* dtype = PyTuple_GET_ITEM(items[i], 3);
-        Ref floating(PyObject_GetAttr(dtype, s_is_floating_point));
-        if (!floating) return -1;
-        if (floating.p != Py_True) return 0;
+        if (dtype != floating_dtype) {
+            Ref floating(PyObject_GetAttr(dtype, s_is_floating_point));
+            if (!floating) return -1;
+            if (floating.p != Py_True) return 0;
+            floating_dtype = dtype;
+        }
         if (targets == Py_None) continue;
         PyObject* target = PyList_GET_ITEM(targets, i);
         if (Py_TYPE(target) != (PyTypeObject*)cfg.tensor_type) return 0;
@@ -478,7 +541,7 @@ PyObject* foreach_outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++) {
         Ref output(output_node(source.p, i));
         Ref value(output ? PyObject_GetAttr(PyList_GET_ITEM(targets, i), s_lazy) : nullptr);
-        Ref done(value ? PyObject_CallMethodOneArg(value.p, s_assign, output.p) : nullptr);
+        Ref done(value ? assign(value.p, output.p) : nullptr);
         if (!done) return nullptr;
     }
     Py_INCREF(targets);
@@ -487,7 +550,8 @@ PyObject* foreach_outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 
 PyMethodDef recording_methods[] = {
     {"elements", (PyCFunction)(void (*)(void))elements, METH_FASTCALL,
-     "elements(plan, calls) -> (srcs, templates, metas, device) or None: a foreach op's elements."},
+     "elements(plan, calls) -> (srcs, templates, metas, device, counts) or None: a foreach op's "
+     "elements."},
     {"foreach_outputs", (PyCFunction)(void (*)(void))foreach_outputs, METH_FASTCALL,
      "foreach_outputs(op, srcs, arg, metas, device, targets): a foreach op's results as one node."},
     {nullptr, nullptr, 0, nullptr}};

@@ -302,6 +302,12 @@ PyGetSetDef view_getset[] = {
     {"device", (getter)view_device, nullptr, "The storage's device index.", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
+PyObject* assign(PyObject* value, PyObject* node) {
+    if (Py_IS_TYPE(value, &StorageType)) return storage_set((StorageObject*)value, node);
+    if (Py_IS_TYPE(value, &ViewType)) return view_assign((ViewObject*)value, node);
+    return PyObject_CallMethodOneArg(value, s_assign, node);
+}
+
 PyMethodDef view_methods[] = {
     {"assign", (PyCFunction)view_assign, METH_O, "Make value the view's value (an Assign)."},
     {"then", (PyCFunction)view_then, METH_O, "A view of this view."},

@@ -125,13 +125,15 @@ def test_foreach_elements_match_the_python_path(count):
     python_path._elements(aten.addcmul.default, plan, calls)  # fills the shape memo
     fast = _native.elements(plan.native, calls)
     assert fast is not None, "the elements were not templated in C"
-    srcs, templates, metas, device = fast
-    slow_srcs, slow_templates, slow_metas, slow_device = python_path._elements(
+    srcs, templates, metas, device, counts = fast
+    slow_srcs, slow_templates, slow_metas, slow_device, slow_counts = python_path._elements(
         aten.addcmul.default, plan, calls
     )
     assert [n.hash for n in srcs] == [n.hash for n in slow_srcs]
     assert templates == slow_templates and list(metas) == list(slow_metas)
-    assert device == slow_device
+    assert device == slow_device and counts == slow_counts == (4,) * count  # 3 tensors, value
+    # Markers count from each element's first operand: elements of one shape share a template.
+    assert len(set(templates)) == 1 and len({id(t) for t in templates}) == min(count, 3)
     out = torch._foreach_addcmul(lazy, lazy, lazy, value=0.5)
     expected = torch._foreach_addcmul(xs, xs, xs, value=0.5)
     lazy_torch.mark_step()
@@ -141,8 +143,8 @@ def test_foreach_elements_match_the_python_path(count):
 
 def _foreach_found(func, calls):
     plan = python_path._plan(func)
-    srcs, templates, metas, device = python_path._elements(func, plan, calls)
-    return srcs, ((plan.name, templates), ()), metas, device
+    srcs, templates, metas, device, counts = python_path._elements(func, plan, calls)
+    return srcs, python_path.foreach_arg(plan.name, srcs, templates, counts), metas, device
 
 
 def test_foreach_outputs_match_the_python_path():
