@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lazy_torch.tensor import LazyTensor
+from lazy_torch.tensor import LazyTensor, _native
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -200,8 +200,12 @@ def _op(name: str) -> Any:
     return getattr(getattr(torch.ops.aten, base), overload or "default")
 
 
-def _kernel(op: Any, policy: str) -> Callable:
+def _kernel(op: Any, policy: str, native: bool = True) -> Callable:
+    """The kernel of ``op`` under ``policy``: in C when built for the casting policies (lower and
+    float32, nearly every call), else in Python."""
     call = op._op  # the C++ operator itself: no OpOverload.__call__ frame
+    if native and _native is not None and policy in (_LOWER, _F32):
+        return _native.CastKernel(call, policy == _LOWER, _shared())
     if policy == _F32_DTYPE:
         adjust = functools.partial(_set_float32, slot=_dtype_slot(op))
     else:
@@ -216,6 +220,13 @@ def _kernel(op: Any, policy: str) -> Callable:
             return call(*args, **kwargs)
 
     return kernel
+
+
+@functools.cache
+def _shared() -> tuple:
+    """What the C kernels share (lazy_core/csrc/amp.cpp)."""
+    set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
+    return (_state, _cast, set_excluded, _KEY, torch.float32, _CASTABLE)
 
 
 def _dtype_slot(op: Any) -> tuple[int | None, str]:

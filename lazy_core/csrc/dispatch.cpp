@@ -259,7 +259,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     using namespace lazy_native;
     PyObject* m = PyModule_Create(&module);
     if (m == nullptr) return nullptr;
-    if (!add_dispatch(m) || !add_recording(m) || !add_nodes(m) || !add_storages(m)) {
+    if (!add_dispatch(m) || !add_recording(m) || !add_nodes(m) || !add_storages(m) ||
+        !add_autocast(m)) {
         Py_DECREF(m);
         return nullptr;
     }

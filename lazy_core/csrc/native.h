@@ -1,7 +1,8 @@
 // Declarations shared by the translation units of the C extension lazy_core._native:
 // node.cpp (the IR Node type and the graph walk), storage.cpp (the Storage and View types and
-// the registry of live storages), record.cpp (recording one op, or a foreach op's elements, as IR) and
-// dispatch.cpp (__torch_dispatch__, views, plans and configuration).
+// the registry of live storages), record.cpp (recording one op, or a foreach op's elements, as IR),
+// amp.cpp (autocast's casting kernels) and dispatch.cpp (__torch_dispatch__, views, plans and
+// configuration).
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -105,6 +106,8 @@ PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device);
 PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs);
 // Add the recording functions (elements).
 bool add_recording(PyObject* module);
+// Add the CastKernel type (amp.cpp: autocast's casting kernels).
+bool add_autocast(PyObject* module);
 // Intern the attribute names; add dispatch, register, configure and stats.
 bool add_dispatch(PyObject* module);
 

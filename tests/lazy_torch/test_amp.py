@@ -330,3 +330,47 @@ def test_autocast_is_per_thread_and_restored_after_errors():
         with autocast():
             raise ValueError
     assert (x @ x).dtype == torch.float32 and not lazy_torch.amp.is_autocast_enabled()
+
+
+def _casting_cases():
+    aten = torch.ops.aten
+    x, y = torch.randn(4, 8), torch.randn(8, 3)
+    w = torch.randn(3, 8, device="lazy", requires_grad=True)  # a leaf weight: its cast is cached
+    bias = torch.randn(3, device="lazy", requires_grad=True)
+    lx, ly = _lazy(x, y)
+    return [
+        (aten.mm.default, "lower", (lx, ly)),
+        (aten.mm.default, "lower", (lx.to(BF16), ly)),  # one operand already bfloat16
+        (aten.addmm.default, "lower", (bias, lx, w.t())),
+        (aten.linear.default, "lower", (lx, w, bias)),
+        (aten.linalg_multi_dot.default, "lower", ([lx, ly, ly.t()],)),  # a list argument
+        (aten.exp.default, "fp32", (lx.to(BF16),)),
+        (aten.layer_norm.default, "fp32", (lx.to(BF16), (8,))),
+        (aten.exp.default, "fp32", (lx.double(),)),  # float64 is left alone
+        (aten.mm.default, "lower", (x, y)),  # CPU tensors are left alone
+    ]
+
+
+def test_casting_kernels_run_in_c_and_match_the_python_kernels():
+    from lazy_torch import amp
+
+    if amp._native is None:
+        pytest.skip("the C extension is not built")
+    with autocast():
+        for op, policy, args in _casting_cases():
+            native, python = amp._kernel(op, policy), amp._kernel(op, policy, native=False)
+            assert type(native) is amp._native.CastKernel
+            got, expected = native(*args), python(*args)
+            assert got.dtype == expected.dtype and got.device == expected.device, op
+            if got.device.type == "lazy":
+                assert got._lazy.node.hash == expected._lazy.node.hash, op  # the same casts
+            torch.testing.assert_close(got.cpu(), expected.cpu())
+
+
+def test_an_error_in_a_casting_kernel_is_eagers_and_leaves_autocast_on():
+    x, w = _lazy(torch.randn(4, 8), torch.randn(4, 5))
+    with autocast():
+        with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied \(4x8 and 5x4\)"):
+            F.linear(x, w)
+        assert (x @ x.t()).dtype == BF16  # the key is back: the next op is cast
+    assert (x @ x.t()).dtype == torch.float32
