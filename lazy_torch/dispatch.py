@@ -322,8 +322,14 @@ def _out_meta(out: Any) -> Any:
 
 def infer(func: Any, args: tuple, kwargs: dict, key: Any) -> Any:
     """Output metadata of ``func`` on these arguments (raises PyTorch's own errors)."""
-    out = _meta_cache.get(key)
-    if out is None:
+    return _memo(func, args, kwargs, key)[0]
+
+
+def _memo(func: Any, args: tuple, kwargs: dict, key: tuple) -> tuple:
+    """The memo entry of a call: its output metadata, and its template ``key[1:3]`` as first
+    recorded, for the nodes of equal calls to share (one template, not one per node)."""
+    entry = _meta_cache.get(key)
+    if entry is None:
         margs = _to_meta(args)
         mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
         try:
@@ -337,8 +343,8 @@ def infer(func: Any, args: tuple, kwargs: dict, key: Any) -> Any:
             raise
         if str(func) in _MATMUL_OPS and len({a.dtype for a in margs if _is_meta(a)}) > 1:
             _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
-        out = _meta_cache[key] = _out_meta(result)
-    return out
+        entry = _meta_cache[key] = (_out_meta(result), key[1:3])
+    return entry
 
 
 def _is_meta(v: Any) -> bool:
@@ -386,13 +392,15 @@ def record(
     plan = _plan(func)
     ops = _Operands()
     args_t, kwargs_t = _template(plan, args, kwargs, ops)
-    meta = infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))
-    if plan.matmul:
-        kwargs_t += (("_precision", _matmul_precision()),)
-    if extra is not None:
-        kwargs_t += extra(ops)
+    meta, arg = _memo(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))
+    if plan.matmul or extra is not None:
+        if plan.matmul:
+            kwargs_t += (("_precision", _matmul_precision()),)
+        if extra is not None:
+            kwargs_t += extra(ops)
+        arg = (args_t, kwargs_t)
     device = ops.device if ops.device is not None else _device_of(kwargs)
-    return _wrap_outputs(name or plan.name, tuple(ops.srcs), (args_t, kwargs_t), meta, device)
+    return _wrap_outputs(name or plan.name, tuple(ops.srcs), arg, meta, device)
 
 
 def record_elements(func: Any, calls: list[tuple[tuple, dict]], targets: list | None) -> Any:
@@ -451,10 +459,10 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
     for args, kwargs in calls:
         start, ops.base = len(ops.keys), len(ops.srcs)
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
-        metas.append(
-            infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys[start:])))
-        )
-        templates.append((args_t, kwargs_t))
+        key = (plan.name, args_t, kwargs_t, tuple(ops.keys[start:]))
+        meta, template = _memo(func, args, kwargs, key)
+        metas.append(meta)
+        templates.append(template)
         counts.append(len(ops.srcs) - ops.base)
     return tuple(ops.srcs), tuple(templates), metas, ops.device, tuple(counts)
 

@@ -276,10 +276,11 @@ bool template_of(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops
     return true;
 }
 
-// The memoized Meta (borrowed) of a call with this template, whose operands' keys are ops.keys
-// from ``first`` on (the Python path's infer); nullptr when there is none.
-PyObject* memoized_meta(PyObject* plan, PyObject* args_t, PyObject* kwargs_t, Operands& ops,
-                        Py_ssize_t first) {
+// The memo entry (borrowed) of a call with this template, whose operands' keys are ops.keys from
+// ``first`` on: (Meta, the template as first recorded, which equal calls' nodes share), the
+// Python path's _memo; nullptr when there is none.
+PyObject* memoized(PyObject* plan, PyObject* args_t, PyObject* kwargs_t, Operands& ops,
+                   Py_ssize_t first) {
     Py_ssize_t nkeys = PyList_GET_SIZE(ops.keys.p) - first;
     Ref keys_t(PyTuple_New(nkeys));
     if (!keys_t) return nullptr;
@@ -287,7 +288,11 @@ PyObject* memoized_meta(PyObject* plan, PyObject* args_t, PyObject* kwargs_t, Op
         PyTuple_SET_ITEM(keys_t.p, i, Py_NewRef(PyList_GET_ITEM(ops.keys.p, first + i)));
     Ref key(PyTuple_Pack(4, PyTuple_GET_ITEM(plan, 1), args_t, kwargs_t, keys_t.p));
     if (!key) return nullptr;
-    return PyDict_GetItemWithError(cfg.meta_cache, key.p);
+    PyObject* entry = PyDict_GetItemWithError(cfg.meta_cache, key.p);
+    if (entry == nullptr || (PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2))
+        return entry;
+    PyErr_SetString(PyExc_TypeError, "shape memo entries are (meta, template)");
+    return nullptr;
 }
 
 // A node with one output per Meta of ``metas`` (None where the op produces none): its dtypes and
@@ -364,8 +369,9 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     if (!ops.srcs || !ops.keys) return nullptr;
     Ref args_t, kwargs_t;
     if (!template_of(plan, args, kwargs, ops, args_t, kwargs_t)) return nullptr;
-    PyObject* meta = memoized_meta(plan, args_t.p, kwargs_t.p, ops, 0);
-    if (meta == nullptr) return nullptr;
+    PyObject* entry = memoized(plan, args_t.p, kwargs_t.p, ops, 0);
+    if (entry == nullptr) return nullptr;
+    PyObject* meta = PyTuple_GET_ITEM(entry, 0);
     PyObject* dtype_name;
     if (!ops.device) return nullptr;  // factories take their device from keywords
     if (kwargs && !on_own_device(kwargs, ops.device.p)) return nullptr;  // e.g. _to_copy to CPU
@@ -382,7 +388,9 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
         if (joined == nullptr) return nullptr;
         Py_SETREF(kwargs_t.p, joined);
     }
-    Ref arg(PyTuple_Pack(2, args_t.p, kwargs_t.p));
+    // Equal calls' nodes share the memo's template; a matmul's carries the precision too.
+    Ref arg(precision == Py_None ? Py_NewRef(PyTuple_GET_ITEM(entry, 1))
+                                 : PyTuple_Pack(2, args_t.p, kwargs_t.p));
     Ref srcs(PyList_AsTuple(ops.srcs.p));
     if (!arg || !srcs) return nullptr;
     if (!single) return record_outputs(name, srcs.p, arg.p, meta, ops.device.p);
@@ -464,10 +472,11 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
         }
         if (!ok) break;
         if (pair == nullptr) {
-            meta = memoized_meta(plan, args_t.p, kwargs_t.p, ops, first);
-            pair = meta ? PyTuple_Pack(2, args_t.p, kwargs_t.p) : nullptr;
-            ok = pair != nullptr;
+            PyObject* entry = memoized(plan, args_t.p, kwargs_t.p, ops, first);
+            ok = entry != nullptr;
             if (!ok) break;
+            meta = PyTuple_GET_ITEM(entry, 0);
+            pair = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
             if (nseen < 8) seen[nseen++] = {pair, meta, first, nkeys};
         }
         PyTuple_SET_ITEM(templates.p, e, pair);

@@ -111,6 +111,19 @@ def test_sites_are_recorded_on_the_python_path():
     assert y._lazy.node.site.endswith(f"test_native_dispatch.py:{_line_of('y = x * 2.0')}")
 
 
+def test_nodes_of_equal_calls_share_one_template():
+    x = torch.randn(4, 3, device="lazy")
+    a, b = x * 2.5 + x, x * 3.5 + x  # other numbers, one template: mul(%0, %1), add(%0, %1)
+    assert a._lazy.node.arg is b._lazy.node.arg
+    assert a._lazy.node.src[0].arg is b._lazy.node.src[0].arg
+    previous = lazy_torch.debug.record_sites(True)  # every op takes the Python path
+    try:
+        c = x * 4.5 + x
+    finally:
+        lazy_torch.debug.record_sites(previous)
+    assert c._lazy.node.arg is a._lazy.node.arg
+
+
 def _line_of(text: str) -> int:
     with open(__file__) as f:
         return next(i for i, line in enumerate(f, 1) if line.strip() == text)
