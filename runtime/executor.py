@@ -353,7 +353,7 @@ class _ExecutionTimer:
     its dispatch, or from the end of the previous one, to its end."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         atexit.register(self.stop)
 
@@ -362,6 +362,10 @@ class _ExecutionTimer:
             self._thread = threading.Thread(target=self._run, name="lazy-exec-timer", daemon=True)
             self._thread.start()
         self._queue.put((start, rows))
+
+    def drain(self) -> None:
+        """Wait until every execution watched so far has been timed."""
+        self._queue.join()
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -375,11 +379,14 @@ class _ExecutionTimer:
             start, rows = item
             try:
                 rows.block_until_ready()
-            except Exception:  # noqa: BLE001, S112 (a failed execution raises where it is observed)
-                continue
-            end = time.perf_counter()
-            metrics.time("execute_time", end - max(start, last))
-            last = end
+                end = time.perf_counter()
+                metrics.time("execute_time", end - max(start, last))
+                last = end
+            except Exception:  # noqa: BLE001, S110 (a failed execution raises where it is observed)
+                pass
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
 
 
 _timer = _ExecutionTimer()
@@ -406,9 +413,11 @@ def check_errors(wait: bool = True) -> None:
 
 
 def wait_device_ops() -> None:
-    """Block until every dispatched execution has finished (and raise what it reported)."""
+    """Block until every dispatched execution has finished and has been timed (and raise what it
+    reported)."""
     jax.block_until_ready(_in_flight)
     _in_flight.clear()
+    _timer.drain()
     check_errors()
 
 
