@@ -4,9 +4,10 @@ PyTorch autocasts in a dispatch key above autograd, picked from a tensor's backe
 backend has none: ``torch.autocast('lazy')`` raises. So lazy autocast borrows the key of XLA, the
 compiler this backend targets: while it is on, this thread's dispatch includes ``AutocastXLA``
 (nothing else uses that key unless torch_xla is loaded, and the two backends do not share a
-process). Python kernels registered there handle exactly the ops that CUDA autocast handles (the
+process). Kernels registered there handle exactly the ops that CUDA autocast handles (the
 dispatcher lists them: every op with an ``AutocastCUDA`` kernel), each by CUDA's policy, and cast
-only lazy operands; every other op falls through the key at no cost. As in CUDA autocast, a
+only lazy operands; every other op falls through the key at no cost. The kernels of the two
+casting policies, nearly every call, run in C (``lazy_core/csrc/amp.cpp``); the rest in Python. As in CUDA autocast, a
 handled op runs with the key excluded, so the ops it decomposes into are not cast again, while
 the parts of an unlisted composite (``F.multi_head_attention_forward``'s linears) are.
 
