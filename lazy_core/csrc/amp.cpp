@@ -64,7 +64,8 @@ PyObject* cast_and_call(CastKernel* self, PyObject* const* args, size_t nargsf,
     if (!stack) return nullptr;
     if (!PyList_Check(stack.p) || PyList_GET_SIZE(stack.p) == 0)  // a thread autograd started
         return PyObject_Vectorcall(self->call, args, nargsf, kwnames);
-    PyObject* top = PyList_GET_ITEM(stack.p, PyList_GET_SIZE(stack.p) - 1);
+    Ref entry(Py_NewRef(PyList_GET_ITEM(stack.p, PyList_GET_SIZE(stack.p) - 1)));
+    PyObject* top = entry.p;  // held: the casts run Python code
     if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 3) {
         PyErr_SetString(PyExc_TypeError, "autocast state entries are (enabled, dtype, cache)");
         return nullptr;
