@@ -7,9 +7,10 @@ compiler this backend targets: while it is on, this thread's dispatch includes `
 process). Kernels registered there handle exactly the ops that CUDA autocast handles (the
 dispatcher lists them: every op with an ``AutocastCUDA`` kernel), each by CUDA's policy, and cast
 only lazy operands; every other op falls through the key at no cost. The kernels of the two
-casting policies, nearly every call, run in C (``lazy_core/csrc/amp.cpp``); the rest in Python. As in CUDA autocast, a
-handled op runs with the key excluded, so the ops it decomposes into are not cast again, while
-the parts of an unlisted composite (``F.multi_head_attention_forward``'s linears) are.
+casting policies, nearly every call, run in C (``lazy_core/csrc/amp.cpp``); the rest in Python.
+As in CUDA autocast, a handled op runs with the key excluded, so the ops it decomposes into are
+not cast again, while the parts of an unlisted composite (``F.multi_head_attention_forward``'s
+linears) are.
 
 The casts are ordinary differentiable ``Tensor.to`` calls seen by autograd, so gradients flow back
 to the float32 parameters in float32.
