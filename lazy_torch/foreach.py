@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -127,6 +128,7 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
         # One column per argument (a list, or one value repeated), zipped into per-element calls.
         n = len(values[roles.index("list")])
         positional, keys, keyed = [], [], []
+        varying = False  # whether a keyword argument differs between elements
         for v, role, key in zip(values, roles, names):
             if v is _MISSING:
                 continue
@@ -136,11 +138,13 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
             else:
                 keys.append(key)
                 keyed.append(column)
-        if keyed:
+                varying |= role != "same"
+        if varying:
             calls = [(a, dict(zip(keys, k))) for a, k in zip(zip(*positional), zip(*keyed))]
         else:
-            no_kwargs: dict = {}  # one for every element: nothing writes to it
-            calls = [(a, no_kwargs) for a in zip(*positional)]
+            # One dict for every element (nothing writes to it); pairs built in C.
+            shared = dict(zip(keys, (column[0] for column in keyed))) if n else {}
+            calls = list(zip(zip(*positional), itertools.repeat(shared)))
         if fusable and calls:
             targets = list(positional[0]) if inplace else None
             out = record_elements(element, calls, targets)
