@@ -326,8 +326,8 @@ def infer(func: Any, args: tuple, kwargs: dict, key: Any) -> Any:
 
 
 def _memo(func: Any, args: tuple, kwargs: dict, key: tuple) -> tuple:
-    """The memo entry of a call: its output metadata, and its template ``key[1:3]`` as first
-    recorded, for the nodes of equal calls to share (one template, not one per node)."""
+    """The memo entry of a call: its output metadata, and ``key[1:3]`` as first recorded (for a
+    recorded call, its template: the nodes of equal calls share it instead of one each)."""
     entry = _meta_cache.get(key)
     if entry is None:
         margs = _to_meta(args)
@@ -393,12 +393,11 @@ def record(
     ops = _Operands()
     args_t, kwargs_t = _template(plan, args, kwargs, ops)
     meta, arg = _memo(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))
-    if plan.matmul or extra is not None:
-        if plan.matmul:
-            kwargs_t += (("_precision", _matmul_precision()),)
-        if extra is not None:
-            kwargs_t += extra(ops)
-        arg = (args_t, kwargs_t)
+    runtime_kwargs = (("_precision", _matmul_precision()),) if plan.matmul else ()
+    if extra is not None:
+        runtime_kwargs += extra(ops)
+    if runtime_kwargs:  # this node's own template: the memo's plus what the runtime needs
+        arg = (args_t, kwargs_t + runtime_kwargs)
     device = ops.device if ops.device is not None else _device_of(kwargs)
     return _wrap_outputs(name or plan.name, tuple(ops.srcs), arg, meta, device)
 

@@ -217,8 +217,8 @@ def run_graph(
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
     whose buffers the caller will never read again (none of ``reused_buffers()``): XLA may reuse
     them for outputs, and ``partners`` maps a donated parameter to the root that should reuse its
-    buffer (the new value of what it held). ``cause`` and ``site`` (the user's ``file:line``) say what cut the graph,
-    for metrics and LAZY_DEBUG.
+    buffer (the new value of what it held). ``cause`` and ``site`` (the user's ``file:line``) say
+    what cut the graph, for metrics and LAZY_DEBUG.
 
     A graph with runtime checks waits for them and raises eager's error (an out-of-range index,
     an integer division by zero) before returning, so the caller keeps every previous value; with
