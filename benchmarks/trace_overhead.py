@@ -1,7 +1,11 @@
 """Tracing cost: microseconds per recorded aten op, for an elementwise chain and an MLP step.
 
 Prints medians over several repetitions (the machines are shared and noisy); nothing is executed
-inside the timed region (mark_step runs outside it).
+inside the timed region (mark_step runs outside it). The chain is also run, in the same process,
+on what bounds a Python tensor subclass from below: eager CPU on 4-element tensors (PyTorch's
+dispatch with next to no compute), a subclass whose ``__torch_dispatch__`` returns one existing
+tensor (the round trip through PyTorch's Python key) and one that returns a new wrapper tensor
+(the least any Python subclass pays per op, since each result is a new tensor).
 """
 
 from __future__ import annotations
@@ -54,6 +58,17 @@ class _Floor(torch.Tensor):
         return torch.Tensor._make_wrapper_subclass(cls, (128, 128), dtype=torch.float32)
 
 
+class _RoundTrip(torch.Tensor):
+    """Dispatch into Python and back, without making a tensor: returns the one it holds."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+    result: torch.Tensor
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return cls.result
+
+
 def _chain(x: torch.Tensor, length: int) -> tuple[float, torch.Tensor]:
     start = time.perf_counter()
     y = x
@@ -96,16 +111,22 @@ def main() -> None:
     elementwise_chain(args.chain)  # warm the shape-inference memo and the executable cache
     runs = [elementwise_chain(args.chain) for _ in range(args.repeats)]
     per_op = statistics.median(t / n for t, n in runs) * 1e6
-    floor_x = torch.Tensor._make_wrapper_subclass(_Floor, (128, 128), dtype=torch.float32)
-    floor = statistics.median(_chain(floor_x, args.chain)[0] for _ in range(args.repeats))
-    cpu = torch.randn(128, 128)
-    eager = statistics.median(_chain(cpu, args.chain)[0] for _ in range(args.repeats))
-    floor, eager = floor / args.chain * 1e6, eager / args.chain * 1e6
-    print(f"elementwise chain: {runs[0][1]} ops, {per_op:.2f} us/op (median of {args.repeats})")
-    print(
-        f"  same run: Python-subclass floor {floor:.2f} us/op (lazy = {per_op / floor:.2f}x), "
-        f"eager CPU 128x128 {eager:.2f} us/op (lazy = {per_op / eager:.2f}x)"
-    )
+    round_trip = torch.Tensor._make_wrapper_subclass(_RoundTrip, (128, 128), dtype=torch.float32)
+    _RoundTrip.result = round_trip
+    chains = {
+        "eager CPU, 4-element tensors (dispatch)": torch.randn(4),
+        "subclass returning an existing tensor": round_trip,
+        "subclass returning a new wrapper (the floor)": torch.Tensor._make_wrapper_subclass(
+            _Floor, (128, 128), dtype=torch.float32
+        ),
+        "eager CPU, 128x128": torch.randn(128, 128),
+    }
+    print(f"elementwise chain: {runs[0][1]} ops, lazy {per_op:.2f} us/op (median of {args.repeats})")
+    print("  the same chain in this run, us/op:")
+    for name, x in chains.items():
+        t = statistics.median(_chain(x, args.chain)[0] for _ in range(args.repeats))
+        t = t / args.chain * 1e6
+        print(f"    {name:45s} {t:5.2f} (lazy = {per_op / t:.2f}x)")
     previous = lazy_torch.debug.record_sites(True)  # what LAZY_DEBUG / LAZY_DUMP_DIR switch on
     sited = [elementwise_chain(args.chain) for _ in range(args.repeats)]
     lazy_torch.debug.record_sites(previous)
