@@ -1,11 +1,14 @@
 """Tracing cost: microseconds per recorded aten op, for an elementwise chain and an MLP step.
 
+PYTHONPATH=. python benchmarks/trace_overhead.py [--repeats 7] [--device cuda]
+
 Prints medians over several repetitions (the machines are shared and noisy); nothing is executed
 inside the timed region (mark_step runs outside it). The chain is also run, in the same process,
-on what bounds a Python tensor subclass from below: eager CPU on 4-element tensors (PyTorch's
-dispatch with next to no compute), a subclass whose ``__torch_dispatch__`` returns one existing
-tensor (the round trip through PyTorch's Python key) and one that returns a new wrapper tensor
-(the least any Python subclass pays per op, since each result is a new tensor).
+on eager tensors of ``--device`` (4 elements: PyTorch's dispatch, and on an accelerator the kernel
+launch, with next to no compute) and on what bounds a Python tensor subclass from below: a
+subclass whose ``__torch_dispatch__`` returns one existing tensor (the round trip through
+PyTorch's Python key) and one that returns a new wrapper tensor (the least any Python subclass
+pays per op, since each result is a new tensor).
 """
 
 from __future__ import annotations
@@ -80,6 +83,14 @@ def _chain(x: torch.Tensor, length: int) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, y
 
 
+def _timed_chain(x: torch.Tensor, length: int) -> float:
+    """Host seconds of the chain; on an accelerator, its queued kernels finish outside the time."""
+    elapsed = _chain(x, length)[0]
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    return elapsed
+
+
 def elementwise_chain(length: int) -> tuple[float, int]:
     x = torch.randn(128, 128, device="lazy")
     lazy_torch.mark_step(wait=True)
@@ -106,6 +117,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--chain", type=int, default=2000)
+    parser.add_argument("--device", default="cpu", help="eager's device for the reference rows")
     args = parser.parse_args()
 
     elementwise_chain(args.chain)  # warm the shape-inference memo and the executable cache
@@ -113,18 +125,19 @@ def main() -> None:
     per_op = statistics.median(t / n for t, n in runs) * 1e6
     round_trip = torch.Tensor._make_wrapper_subclass(_RoundTrip, (128, 128), dtype=torch.float32)
     _RoundTrip.result = round_trip
+    eager = args.device.upper()
     chains = {
-        "eager CPU, 4-element tensors (dispatch)": torch.randn(4),
+        f"eager {eager}, 4-element tensors (dispatch)": torch.randn(4, device=args.device),
         "subclass returning an existing tensor": round_trip,
         "subclass returning a new wrapper (the floor)": torch.Tensor._make_wrapper_subclass(
             _Floor, (128, 128), dtype=torch.float32
         ),
-        "eager CPU, 128x128": torch.randn(128, 128),
+        f"eager {eager}, 128x128": torch.randn(128, 128, device=args.device),
     }
     print(f"elementwise chain: {runs[0][1]} ops, lazy {per_op:.2f} us/op (median of {args.repeats})")
     print("  the same chain in this run, us/op:")
     for name, x in chains.items():
-        t = statistics.median(_chain(x, args.chain)[0] for _ in range(args.repeats))
+        t = statistics.median(_timed_chain(x, args.chain) for _ in range(args.repeats))
         t = t / args.chain * 1e6
         print(f"    {name:45s} {t:5.2f} (lazy = {per_op / t:.2f}x)")
     previous = lazy_torch.debug.record_sites(True)  # what LAZY_DEBUG / LAZY_DUMP_DIR switch on
