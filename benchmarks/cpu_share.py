@@ -87,8 +87,8 @@ def main() -> None:
         wl = suite.WORKLOADS[name](args.size)
         rows: dict[str, list[dict[str, float]]] = {"lazy": [], "jax": []}
         for _ in range(args.rounds):
-            for backend in rows:
-                rows[backend].append(_measure(backend, wl, args))
+            for backend, measured in rows.items():
+                measured.append(_measure(backend, wl, args))
         med = {b: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for b, rs in rows.items()}
         for backend, m in med.items():
             cpu = m["python"] + m["rest"]

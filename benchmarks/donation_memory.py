@@ -35,7 +35,7 @@ def _reset_peak_rss() -> None:
 def _child(width: int, layers: int, steps: int) -> None:
     import jax
     import torch
-    import torch.nn as nn
+    from torch import nn
 
     import lazy_torch
     import runtime

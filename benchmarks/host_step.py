@@ -1,6 +1,7 @@
 """Host time of a training step with the structure of a large model and tiny tensors.
 
 PYTHONPATH=. python benchmarks/host_step.py [--layers 12] [--steps 40] [--amp] [--gc-freeze]
+    [--eager cpu|cuda]
 
 GPT-2 (transformers) with ``--layers`` blocks of width 48, AdamW, batch 1 x 64 on device='lazy':
 the device work is negligible, so a step's time is the host's (tracing plus mark_step). Prints
@@ -8,6 +9,11 @@ the mean, median and slowest step (waiting for each step's device work outside t
 time the cycle collector took per step and its collections by generation (a full collection
 over transformers' heap takes hundreds of ms), and how many ops per step went to the Python path
 instead of the C fast path. Compare two checkouts by running it with PYTHONPATH set to each.
+
+``--eager DEVICE`` also runs the same step on eager PyTorch on DEVICE, alternating blocks of five
+steps with lazy's, and prints each backend's median host time per step and per aten op, with the
+share of the ops that are views (metadata only: in eager no kernel runs for them, while every op
+on a Python tensor subclass goes through PyTorch's Python key and makes a new tensor).
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ import contextlib
 import gc
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 import lazy_torch
+from benchmarks.trace_overhead import CountOps
 from lazy_torch.tensor import _native
 
 
@@ -36,30 +45,26 @@ class _CollectorTime:
             self.collections[info["generation"]] += 1
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--amp", action="store_true", help="lazy_torch.amp.autocast(bfloat16)")
-    parser.add_argument(
-        "--gc-freeze", action="store_true", help="gc.freeze() after warm-up (README: host time)"
-    )
-    args = parser.parse_args()
+def _model_step(device: str, amp: bool, layers: int) -> Callable[[], None]:
+    """A training step of the tiny-tensor GPT-2 on ``device`` (lazy: with its mark_step)."""
     import transformers
 
     transformers.logging.set_verbosity_error()
     config = transformers.GPT2Config(
-        vocab_size=512, n_positions=128, n_embd=48, n_layer=args.layers, n_head=12,
+        vocab_size=512, n_positions=128, n_embd=48, n_layer=layers, n_head=12,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
     )  # fmt: skip
-    model = transformers.GPT2LMHeadModel(config).to("lazy")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 512, (1, 64)).to("lazy")
-    autocast = (
-        (lambda: lazy_torch.amp.autocast(dtype=torch.bfloat16))
-        if args.amp
-        else contextlib.nullcontext
-    )
+    ids = torch.randint(0, 512, (1, 64)).to(device)
+    lazy = device == "lazy"
+    if not amp:
+        autocast: Callable[[], Any] = contextlib.nullcontext
+    elif lazy:
+        autocast = lambda: lazy_torch.amp.autocast(dtype=torch.bfloat16)
+    else:
+        autocast = lambda: torch.autocast(device, dtype=torch.bfloat16)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -67,35 +72,89 @@ def main() -> None:
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
-        lazy_torch.mark_step()
+        if lazy:
+            lazy_torch.mark_step()
 
-    for _ in range(5):
-        step()
+    return step
+
+
+def _wait(device: str) -> None:
+    if device == "lazy":
         lazy_torch.wait_device_ops()
+    elif device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _ops(step: Callable[[], None], device: str) -> tuple[int, int]:
+    """Aten ops one step dispatches, and how many of them are views."""
+    with CountOps() as counter:
+        step()
+    _wait(device)
+    return counter.count, counter.views
+
+
+def _times(step: Callable[[], None], device: str, steps: int) -> list[float]:
+    """Host seconds of each step, waiting for its device work outside the timing."""
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+        _wait(device)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--amp", action="store_true", help="autocast to bfloat16")
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() after warm-up (README: host time)"
+    )
+    parser.add_argument("--eager", help="also run the step on eager PyTorch on this device")
+    args = parser.parse_args()
+    devices = ["lazy"] + ([args.eager] if args.eager else [])
+    steps = {d: _model_step(d, args.amp, args.layers) for d in devices}
+    for device, step in steps.items():
+        for _ in range(5):
+            step()
+            _wait(device)
+    ops = {d: _ops(step, d) for d, step in steps.items()}
     if args.gc_freeze:
         gc.freeze()
     collector = _CollectorTime()
     gc.callbacks.append(collector)
     before = _native.stats()["python"] if _native is not None else None
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-        lazy_torch.wait_device_ops()
+    times: dict[str, list[float]] = {d: [] for d in devices}
+    lazy_seconds = 0.0
+    for block in range(0, args.steps, 5):
+        for device, step in steps.items():
+            collected = collector.seconds
+            times[device] += _times(step, device, min(5, args.steps - block))
+            if device == "lazy":
+                lazy_seconds += collector.seconds - collected
     gc.callbacks.remove(collector)
-    ms = [t * 1e3 for t in times]
+    ms = [t * 1e3 for t in times["lazy"]]
     print(
         f"host per step: mean {statistics.mean(ms):.1f} ms, median {statistics.median(ms):.1f}, "
         f"slowest {max(ms):.1f}"
     )
     print(
-        f"cycle collector: {collector.seconds / args.steps * 1e3:.2f} ms per step, collections by "
-        f"generation {collector.collections} in {args.steps} steps"
+        f"cycle collector: {lazy_seconds / args.steps * 1e3:.2f} ms per lazy step, collections "
+        f"by generation {collector.collections} in {args.steps} steps of each backend"
     )
     if before is not None:
         python_ops = (_native.stats()["python"] - before) / args.steps
         print(f"ops on the Python path per step: {python_ops:.0f}")
+    for device in devices:
+        count, views = ops[device]
+        median = statistics.median(times[device])
+        name = "lazy" if device == "lazy" else f"eager {device}"
+        print(
+            f"{name:11s} median host {median * 1e3:6.2f} ms per step, {count} aten ops "
+            f"({views} views), {median / count * 1e6:5.2f} us per op"
+        )
 
 
 if __name__ == "__main__":

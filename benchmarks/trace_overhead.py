@@ -19,22 +19,24 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import lazy_torch
 from lazy_core import cut_graph, pending_storages
 
 
 class CountOps(TorchDispatchMode):
-    """Counts the aten ops a program dispatches (used outside the timed region only)."""
+    """Counts the aten ops a program dispatches, and the views among them (used outside the
+    timed region only)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.count = self.views = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
+        self.views += getattr(func, "is_view", False)
         return func(*args, **(kwargs or {}))
 
 
@@ -94,8 +96,8 @@ def _timed_chain(x: torch.Tensor, length: int) -> float:
 def elementwise_chain(length: int) -> tuple[float, int]:
     x = torch.randn(128, 128, device="lazy")
     lazy_torch.mark_step(wait=True)
-    elapsed, y = _chain(x, length)
-    ops = _recorded_ops()  # y keeps the chain pending
+    elapsed, _y = _chain(x, length)
+    ops = _recorded_ops()  # _y keeps the chain pending
     lazy_torch.mark_step(wait=True)
     return elapsed, ops
 
@@ -134,7 +136,9 @@ def main() -> None:
         ),
         f"eager {eager}, 128x128": torch.randn(128, 128, device=args.device),
     }
-    print(f"elementwise chain: {runs[0][1]} ops, lazy {per_op:.2f} us/op (median of {args.repeats})")
+    print(
+        f"elementwise chain: {runs[0][1]} ops, lazy {per_op:.2f} us/op (median of {args.repeats})"
+    )
     print("  the same chain in this run, us/op:")
     for name, x in chains.items():
         t = statistics.median(_timed_chain(x, args.chain) for _ in range(args.repeats))
