@@ -6,11 +6,11 @@ PYTHONPATH=. python benchmarks/dispatch_key_floor.py [--repeats 9] [--length 200
 Lazy tensors are a Python subclass: every op goes through PyTorch's Python key and returns a new
 wrapper tensor, views included. PyTorch/XLA instead registers C++ kernels on a dispatch key of
 its own, and its tensors are C++ TensorImpls. To measure what that design would cost, this script
-builds a small C++ extension (``torch.utils.cpp_extension.load_inline``: a C++ compiler and ninja,
-about a minute the first time) that registers one boxed kernel on ``PrivateUse1`` for a few elementwise and view ops. The
-kernel records nothing: it only pops the arguments and pushes a storage-less output tensor of the
-first argument's shape, so its figure is a floor for such a backend, as the subclass's figure is
-for ours. Each is timed on a chain of elementwise ops (``x * 1.001 + x``, ``relu``, ``- 0.5``) and
+builds a small C++ extension (``torch.utils.cpp_extension.load_inline``: a C++ compiler and
+ninja, about a minute the first time) that registers one boxed kernel on ``PrivateUse1`` for a
+few elementwise and view ops. The kernel records nothing: it only pops the arguments and pushes a
+storage-less output tensor of the first argument's shape, so its figure is a floor for such a
+backend, as the subclass's figure is for ours. Each is timed on a chain of elementwise ops (``x * 1.001 + x``, ``relu``, ``- 0.5``) and
 on a chain of views (``view``, ``t``, ``transpose``, ``unsqueeze``), all on 4x4 tensors (eager's
 compute is next to nothing) under ``torch.no_grad()``; medians of ``--repeats`` runs, µs per op.
 """
