@@ -26,6 +26,7 @@ import torch
 from torch.utils.cpp_extension import load_inline
 
 import lazy_torch
+from benchmarks.trace_overhead import SubclassFloor, op_chain
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -85,24 +86,8 @@ at::Tensor make(std::vector<int64_t> sizes) {
 """
 
 
-class _Floor(torch.Tensor):
-    """A Python subclass whose ops each return a new wrapper: the least such a backend pays."""
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return torch.Tensor._make_wrapper_subclass(cls, (4, 4), dtype=torch.float32)
-
-
 def _elementwise(x: torch.Tensor, length: int) -> float:
-    start, y = time.perf_counter(), x
-    for _ in range(length // 4):
-        y = y * 1.001
-        y = y + x
-        y = y.relu()
-        y = y - 0.5
-    return time.perf_counter() - start
+    return op_chain(x, length)[0]
 
 
 def _views(x: torch.Tensor, length: int) -> float:
@@ -125,7 +110,7 @@ def main() -> None:
         "eager CPU": lambda: torch.randn(4, 4),
         "C++ kernel on PrivateUse1": lambda: ext.make([4, 4]),
         "Python subclass floor": lambda: torch.Tensor._make_wrapper_subclass(
-            _Floor, (4, 4), dtype=torch.float32
+            SubclassFloor, (4, 4), dtype=torch.float32
         ),
         "lazy": lambda: torch.randn(4, 4, device="lazy"),
     }

@@ -53,7 +53,7 @@ def _recorded_ops() -> int:
     return sum(1 for n in graph.nodes if n.src)
 
 
-class _Floor(torch.Tensor):
+class SubclassFloor(torch.Tensor):
     """The least any Python tensor subclass pays per op: dispatch into Python plus one wrapper."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -74,7 +74,7 @@ class _RoundTrip(torch.Tensor):
         return cls.result
 
 
-def _chain(x: torch.Tensor, length: int) -> tuple[float, torch.Tensor]:
+def op_chain(x: torch.Tensor, length: int) -> tuple[float, torch.Tensor]:
     start = time.perf_counter()
     y = x
     for _ in range(length // 4):
@@ -87,7 +87,7 @@ def _chain(x: torch.Tensor, length: int) -> tuple[float, torch.Tensor]:
 
 def _timed_chain(x: torch.Tensor, length: int) -> float:
     """Host seconds of the chain; on an accelerator, its queued kernels finish outside the time."""
-    elapsed = _chain(x, length)[0]
+    elapsed = op_chain(x, length)[0]
     if x.is_cuda:
         torch.cuda.synchronize()
     return elapsed
@@ -96,7 +96,7 @@ def _timed_chain(x: torch.Tensor, length: int) -> float:
 def elementwise_chain(length: int) -> tuple[float, int]:
     x = torch.randn(128, 128, device="lazy")
     lazy_torch.mark_step(wait=True)
-    elapsed, _y = _chain(x, length)
+    elapsed, _y = op_chain(x, length)
     ops = _recorded_ops()  # _y keeps the chain pending
     lazy_torch.mark_step(wait=True)
     return elapsed, ops
@@ -132,7 +132,7 @@ def main() -> None:
         f"eager {eager}, 4-element tensors (dispatch)": torch.randn(4, device=args.device),
         "subclass returning an existing tensor": round_trip,
         "subclass returning a new wrapper (the floor)": torch.Tensor._make_wrapper_subclass(
-            _Floor, (128, 128), dtype=torch.float32
+            SubclassFloor, (128, 128), dtype=torch.float32
         ),
         f"eager {eager}, 128x128": torch.randn(128, 128, device=args.device),
     }

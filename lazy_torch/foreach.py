@@ -125,12 +125,15 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
         values = [*args] + [_MISSING] * (len(arguments) - len(args))
         for k, v in kwargs.items():
             values[positions[k]] = v
-        # One column per argument (a list, or one value repeated), zipped into per-element calls.
+        # One column per argument (a list, or one value repeated), zipped into per-element calls;
+        # a keyword argument with one value for every element goes in one shared dict.
         n = len(values[roles.index("list")])
-        positional, keys, keyed = [], [], []
-        varying = False  # whether a keyword argument differs between elements
+        positional, keys, keyed, shared = [], [], [], {}
         for v, role, key in zip(values, roles, names):
             if v is _MISSING:
+                continue
+            if key is not None and role == "same":
+                shared[key] = v
                 continue
             column = v if role == "list" else v.tolist() if role == "values" else [v] * n
             if key is None:
@@ -138,12 +141,12 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
             else:
                 keys.append(key)
                 keyed.append(column)
-                varying |= role != "same"
-        if varying:
-            calls = [(a, dict(zip(keys, k))) for a, k in zip(zip(*positional), zip(*keyed))]
+        if keyed:
+            calls = [
+                (a, {**shared, **dict(zip(keys, k))}) for a, k in zip(zip(*positional), zip(*keyed))
+            ]
         else:
-            # One dict for every element (nothing writes to it); pairs built in C.
-            shared = dict(zip(keys, (column[0] for column in keyed))) if n else {}
+            # Every element's kwargs are the shared dict (nothing writes to it); pairs built in C.
             calls = list(zip(zip(*positional), itertools.repeat(shared)))
         if fusable and calls:
             targets = list(positional[0]) if inplace else None
