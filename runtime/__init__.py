@@ -12,6 +12,7 @@ from runtime.executor import (
     stablehlo_text,
     wait_device_ops,
 )
+from runtime.launcher import resolve
 from runtime.program import has_lowering, op_category, rng_state
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "has_lowering",
     "metrics",
     "op_category",
+    "resolve",
     "reused_buffers",
     "rng_state",
     "run_graph",

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from runtime import config, metrics
+from runtime.launcher import resolve
 
 # JAX's CUDA plugin reads this when it creates its client (at the first use of a device, not at
 # import). Its default client launches every kernel of an executable from the calling thread, with
@@ -56,10 +57,11 @@ def to_device(array: np.ndarray, index: int, dtype: str | None = None) -> jax.Ar
     return out
 
 
-def to_host(buffer: jax.Array) -> np.ndarray:
-    """Wait for ``buffer`` and copy it to the host (timed with the wait)."""
+def to_host(buffer: Any) -> np.ndarray:
+    """Wait for ``buffer`` (a device array, or a launch's ``Deferred`` output) and copy it to the
+    host (timed with the wait)."""
     start = time.perf_counter()
-    out = np.asarray(buffer)
+    out = np.asarray(resolve(buffer))
     metrics.count("transfers_from_device")
     metrics.time("transfer_from_device_time", time.perf_counter() - start)
     metrics.size("transfer_from_device_bytes", out.nbytes)

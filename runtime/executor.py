@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import operator
 import os
 import queue
@@ -22,6 +23,7 @@ from lazy_core.dump import ir_text
 from lazy_core.graph import Graph, key_text
 from runtime import config, history, metrics
 from runtime.device import device
+from runtime.launcher import Deferred, Launch, Launcher, is_ready, resolve
 from runtime.program import ParamLayout, build_function
 
 
@@ -51,7 +53,10 @@ def _restorer(order: tuple[int, ...]) -> Callable[[list], tuple]:
 
 
 _cache: dict[Any, Executable] = {}
-_in_flight: list[jax.Array] = []
+_launcher = Launcher()
+_in_flight: list[Any] = []  # the outputs of the last launch
+# Asynchronous launches whose failure, if any, the next barrier has not raised yet.
+_launched: list[Launch] = []
 
 # Outputs of parameter-free graphs by key. Such a graph computes the same values every time
 # (transformers checks a mask derived from an arange at every step), so a sync on it reuses them
@@ -245,35 +250,57 @@ def run_graph(
         metrics.count("cache_hits")
     else:
         exe = _cache[key] = _compile(graph, device_index, donate, cause, site, order)
-    start = time.perf_counter()
-    try:
-        *outputs, checks = exe.compiled(*_param_values(graph, exe.layout))
-    except Exception as e:
-        raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
-    dispatched = time.perf_counter()
-    if exe.restore is not None:
-        outputs = exe.restore(outputs)
+    values = _param_values(graph, exe.layout)
+    if _launcher.threaded is None:
+        threaded = config.LAUNCH_THREAD
+        _launcher.threaded = device(0).platform != "cpu" if threaded is None else threaded
+    # Listeners (LAZY_DEBUG) get each execution's line, with its dispatch time, in order.
+    asynchronous = defer_checks and not metrics.listening()
+    launch, outputs = _launcher.submit(
+        functools.partial(_execute, exe, values, _describe(graph)), len(graph.roots) + 1
+    )
+    if not asynchronous:
+        launch.wait()  # a failed call raises here, before any storage takes its results
     metrics.count("executions")
     if donate:
         metrics.count("donated_buffers", len(donate))
-    metrics.time("dispatch_time", dispatched - start)
     metrics.size("graph_nodes", len(graph.nodes))
-    _timer.watch(start, checks)
     if metrics.listening():
         n = len(graph.nodes)
         kind = "hit" if hit else "new"
         metrics.event(
-            metrics.GraphEvent("execute", cause, site, graph.key, n, dispatched - start, kind)
+            metrics.GraphEvent("execute", cause, site, graph.key, n, launch.seconds, kind)
         )
+    *outputs, checks = outputs
     _in_flight[:] = outputs
+    if asynchronous:
+        _launched.append(launch)
     if exe.errors:
-        checks.copy_to_host_async()  # read at a later barrier without waiting for the transfer
         _unchecked.append((checks, exe.errors))
         if not defer_checks:
             check_errors()
     elif not graph.params:
         _keep_constant(graph.key, tuple(outputs))
     return tuple(outputs)
+
+
+def _execute(exe: Executable, values: list, describe: str) -> tuple:
+    """Call ``exe`` (on the launch thread): its roots, in root order, then its check rows."""
+    start = time.perf_counter()
+    try:
+        *outputs, checks = exe.compiled(*[resolve(v) for v in values])
+    except GraphError:
+        raise  # an earlier launch's, read from its result
+    except Exception as e:
+        raise GraphError(f"running {describe} failed: {type(e).__name__}: {e}") from e
+    dispatched = time.perf_counter()
+    if exe.restore is not None:
+        outputs = exe.restore(outputs)
+    metrics.time("dispatch_time", dispatched - start)
+    _timer.watch(start, checks)
+    if exe.errors:
+        checks.copy_to_host_async()  # read at a later barrier without waiting for the transfer
+    return (*outputs, checks)
 
 
 def reused_buffers() -> set[int]:
@@ -397,25 +424,42 @@ _unchecked: list[tuple[jax.Array, list]] = []
 
 
 def check_errors(wait: bool = True) -> None:
-    """Raise the first error (out-of-range index, division by zero) an execution reported.
+    """Raise the first error an asynchronous step reported: a failed launch, or a runtime check
+    (out-of-range index, division by zero). Each is raised once.
 
-    With ``wait=False`` executions still running are left for a later call."""
+    With ``wait=False`` launches and executions still running are left for a later call."""
+    launched = list(_launched)
+    _launched.clear()
+    for i, launch in enumerate(launched):
+        if not wait and not launch.done():
+            _launched.extend(launched[i:])
+            break
+        if launch.wait_quietly() is not None:
+            _launched.extend(launched[i + 1 :])
+            raise launch.error
     pending = list(_unchecked)
     _unchecked.clear()
     for i, (checks, errors) in enumerate(pending):
-        if not wait and not checks.is_ready():
+        if _failed(checks):
+            continue  # the failed launch itself was raised
+        if not wait and not (is_ready(checks) and resolve(checks).is_ready()):
             _unchecked.append(pending[i])
             continue
-        rows = np.asarray(checks)
+        rows = np.asarray(resolve(checks))
         for (bad, index), (bound, dim, size) in zip(rows.tolist(), errors):
             if bad:
                 raise bound.error(index, dim, size)
 
 
+def _failed(value: Any) -> bool:
+    return type(value) is Deferred and value.launch.done() and value.launch.error is not None
+
+
 def wait_device_ops() -> None:
     """Block until every dispatched execution has finished and has been timed (and raise what it
     reported)."""
-    jax.block_until_ready(_in_flight)
+    _launcher.drain()
+    jax.block_until_ready([resolve(o) for o in _in_flight if not _failed(o)])
     _in_flight.clear()
     _timer.drain()
     check_errors()

@@ -255,7 +255,7 @@ def test_an_optimizer_step_updates_each_tensor_in_its_own_donated_buffer():
         tensors = [*model.parameters()] + [
             s[k] for s in opt.state.values() for k in s if k != "step"
         ]
-        return [t._lazy.node.payload.unsafe_buffer_pointer() for t in tensors]
+        return [runtime.resolve(t._lazy.node.payload).unsafe_buffer_pointer() for t in tensors]
 
     step()
     step()

@@ -1,0 +1,134 @@
+"""The launch thread: executables are called from a thread of their own, off the tracing thread.
+
+Calling an XLA executable takes milliseconds of host time with the GIL released: the runtime's
+dispatch of its kernels on a GPU (about 2 ms for a GPT-2 124M step on an H100). Called from the
+thread that traces, that time is taken from tracing the next step. So launches go to one thread,
+in order, and an asynchronous barrier (``mark_step``) returns as soon as its launch is queued: its
+results are ``Deferred`` until the call returns, and whatever reads them (a later launch, a
+transfer to the host) waits for that. A launch that fails raises its error wherever one of its
+results is read, and at the next barrier (``check_errors``). Unthreaded (the CPU platform), a
+launch is the call itself, made at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Launch:
+    """One executable call, queued or done: its outputs, or the error it raised."""
+
+    __slots__ = ("_done", "error", "outputs", "seconds")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.outputs: tuple = ()
+        self.error: BaseException | None = None
+        self.seconds = 0.0  # how long the call took
+
+    def run(self, call: Callable[[], tuple]) -> None:
+        start = time.perf_counter()
+        try:
+            self.outputs = call()
+        except BaseException as e:  # noqa: BLE001 (raised where the results are read)
+            self.error = e
+        finally:
+            self.seconds = time.perf_counter() - start
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> tuple:
+        """The outputs, once the call has returned (raises its error)."""
+        if self.wait_quietly() is not None:
+            raise self.error
+        return self.outputs
+
+    def wait_quietly(self) -> BaseException | None:
+        """Wait for the call to return; its error, if it raised one."""
+        if not self._done.is_set():
+            self._done.wait()
+        return self.error
+
+
+class Deferred:
+    """Output ``index`` of a launch that may still be queued: the payload of a device-data leaf
+    until it is read (``resolve``)."""
+
+    __slots__ = ("index", "launch")
+
+    def __init__(self, launch: Launch, index: int) -> None:
+        self.launch = launch
+        self.index = index
+
+    def __repr__(self) -> str:
+        state = "failed" if self.launch.error else "done" if self.launch.done() else "queued"
+        return f"Deferred(output {self.index}, {state})"
+
+
+def resolve(value: Any) -> Any:
+    """The device buffer behind a payload: waits for a ``Deferred`` one's launch.
+
+    >>> resolve(3)
+    3
+    """
+    if type(value) is Deferred:
+        return value.launch.wait()[value.index]
+    return value
+
+
+def is_ready(value: Any) -> bool:
+    """Whether reading ``value`` would not wait for a launch (its device work may still run)."""
+    return type(value) is not Deferred or value.launch.done()
+
+
+class Launcher:
+    """Calls executables, one at a time, in the order they were submitted: from a thread of its
+    own when ``threaded``, else at once."""
+
+    def __init__(self) -> None:
+        self.threaded: bool | None = None  # decided by the runtime before the first launch
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._last: Launch | None = None
+        self._lock = threading.Lock()
+        atexit.register(self.stop)
+
+    def submit(self, call: Callable[[], tuple], n_outputs: int) -> tuple[Launch, list]:
+        """Launch ``call`` (it reads its arguments with ``resolve``); returns the launch and its
+        ``n_outputs`` outputs: ``Deferred`` ones when threaded, else the call's own."""
+        launch = Launch()
+        if not self.threaded:
+            launch.run(call)
+            return launch, list(launch.wait())
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lazy-launch", daemon=True)
+                self._thread.start()
+            self._last = launch
+            self._queue.put((launch, call))
+        return launch, [Deferred(launch, i) for i in range(n_outputs)]
+
+    def drain(self) -> None:
+        """Wait until every launch submitted so far has returned (errors stay with them)."""
+        last = self._last
+        if last is not None:
+            last.wait_quietly()
+
+    def stop(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            launch, call = item
+            launch.run(call)
