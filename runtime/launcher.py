@@ -13,6 +13,7 @@ launch is the call itself, made at once.
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import time
@@ -99,6 +100,8 @@ class Launcher:
         self._last: Launch | None = None
         self._lock = threading.Lock()
         atexit.register(self.stop)
+        # A forked child has no launch thread, whatever its parent had: it starts its own.
+        os.register_at_fork(after_in_child=self._forget)
 
     def submit(self, call: Callable[[], tuple], n_outputs: int) -> tuple[Launch, list]:
         """Launch ``call`` (it reads its arguments with ``resolve``); returns the launch and its
@@ -127,6 +130,10 @@ class Launcher:
         if thread is not None:
             self._queue.put(None)
             thread.join()
+
+    def _forget(self) -> None:
+        self._queue, self._thread, self._last = queue.SimpleQueue(), None, None
+        self._lock = threading.Lock()
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:

@@ -2,6 +2,7 @@
 training, observation and failures with launches on that thread (the CPU platform calls in place
 by default)."""
 
+import os
 import threading
 
 import pytest
@@ -137,3 +138,22 @@ def test_a_failed_asynchronous_launch_raises_on_reads_and_once_at_the_next_barri
     for _ in range(2):
         with pytest.raises(runtime.GraphError, match="device lost"):
             y.cpu()  # its value is lost with the launch that was to compute it
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX's; the child runs no JAX
+def test_a_forked_child_starts_its_own_launch_thread():
+    launcher = Launcher()
+    launcher.threaded = True
+    assert resolve(launcher.submit(lambda: (1,), 1)[1][0]) == 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's thread is gone
+        try:
+            os.write(write, str(resolve(launcher.submit(lambda: (2,), 1)[1][0])).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    got = os.read(read, 16)
+    os.waitpid(pid, 0)
+    assert got == b"2"
+    launcher.stop()
