@@ -217,7 +217,8 @@ def run_graph(
     site: str = "<unknown>",
     partners: dict[int, int] | None = None,
 ) -> tuple[jax.Array, ...]:
-    """Run ``graph`` on device ``device_index``; returns its root buffers.
+    """Run ``graph`` on device ``device_index``; returns its root buffers (``Deferred`` while
+    an asynchronous launch is queued: ``resolve`` reads them).
 
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
     whose buffers the caller will never read again (none of ``reused_buffers()``): XLA may reuse
@@ -231,6 +232,9 @@ def run_graph(
     """
     if not graph.params:
         found = _constant_results.get(graph.key)
+        if found is not None and _failed(found[0]):
+            _forget_constant(graph.key)  # its launch failed: run the graph again
+            found = None
         if found is not None:
             _constant_results.move_to_end(graph.key)
             metrics.count("constant_results_reused")
@@ -370,8 +374,11 @@ def _keep_constant(key: int, outputs: tuple) -> None:
     _constant_results[key] = outputs
     _constant_buffers.update(id(o) for o in outputs)
     if len(_constant_results) > _CONSTANT_RESULTS:
-        _, evicted = _constant_results.popitem(last=False)
-        _constant_buffers.difference_update(id(o) for o in evicted)
+        _forget_constant(next(iter(_constant_results)))
+
+
+def _forget_constant(key: int) -> None:
+    _constant_buffers.difference_update(id(o) for o in _constant_results.pop(key))
 
 
 class _ExecutionTimer:

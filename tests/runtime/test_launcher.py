@@ -157,3 +157,22 @@ def test_a_forked_child_starts_its_own_launch_thread():
     os.waitpid(pid, 0)
     assert got == b"2"
     launcher.stop()
+
+
+def test_a_parameter_free_graph_whose_launch_failed_runs_again(launch_thread, monkeypatch):
+    real = executor._execute
+
+    def failing(exe, values, describe):
+        raise runtime.GraphError(f"running {describe} failed: RuntimeError: device lost")
+
+    monkeypatch.setattr(executor, "_execute", failing)
+    y = torch.ones(3, device="lazy") + 1  # no parameters: its results are kept for reuse
+    lazy_torch.mark_step()
+    monkeypatch.setattr(executor, "_execute", real)
+    executor._launcher.drain()
+    with pytest.raises(runtime.GraphError, match="device lost"):
+        lazy_torch.mark_step()
+    del y
+    z = torch.ones(3, device="lazy") + 1  # the same graph
+    lazy_torch.mark_step()
+    assert z.tolist() == [2.0, 2.0, 2.0]
