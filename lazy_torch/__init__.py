@@ -13,14 +13,24 @@ from __future__ import annotations
 import torch
 
 import runtime
-from lazy_torch import amp, attention, data_dependent, debug, meta_kernels, metrics, ops  # noqa: F401
+from lazy_torch import (  # noqa: F401
+    amp,
+    attention,
+    data_dependent,
+    debug,
+    fused,
+    meta_kernels,
+    metrics,
+    ops,
+)
 from lazy_torch.data import DeviceLoader, to_device
-from lazy_torch.foreach import declare_foreach_support
+from lazy_torch.foreach import declare_foreach_support, declare_fused_support
 from lazy_torch.rng import manual_seed
 from lazy_torch.sync import mark_step
 from lazy_torch.tensor import LazyTensor
 
 declare_foreach_support()
+declare_fused_support()
 
 
 def device(index: int = 0) -> torch.device:

@@ -140,7 +140,7 @@ def _plan(func: Any) -> _Plan:
 # the shape-inference memo key and the device of the op.
 
 
-class _Operands:
+class Operands:
     __slots__ = ("base", "device", "keys", "scalars", "srcs")
 
     def __init__(self) -> None:
@@ -237,7 +237,7 @@ _PLAIN = (int, str, type(None), bool, float)
 _STR_TYPES = (torch.device, torch.layout, torch.memory_format)
 
 
-def _attr(v: Any, ops: _Operands) -> Any:
+def _attr(v: Any, ops: Operands) -> Any:
     """A non-Scalar argument as a hashable template entry."""
     if type(v) in _PLAIN:
         return v
@@ -259,7 +259,7 @@ def _attr(v: Any, ops: _Operands) -> Any:
 _NUMBER = (bool, int, float, complex)
 
 
-def _template(plan: _Plan, args: tuple, kwargs: dict, ops: _Operands) -> tuple[tuple, tuple]:
+def _template(plan: _Plan, args: tuple, kwargs: dict, ops: Operands) -> tuple[tuple, tuple]:
     scalar_pos = plan.scalar_pos if plan.scalars_are_operands else ()
     scalar_names = plan.scalar_names if plan.scalars_are_operands else ()
     args_t = tuple(
@@ -382,7 +382,7 @@ def record(
     args: tuple,
     kwargs: dict,
     name: str | None = None,
-    extra: Callable[[_Operands], tuple] | None = None,
+    extra: Callable[[Operands], tuple] | None = None,
 ) -> Any:
     """Record ``func(*args, **kwargs)`` as one IR node and wrap its outputs as lazy tensors.
 
@@ -390,7 +390,7 @@ def record(
     arguments (RNG state, precision) to the template.
     """
     plan = _plan(func)
-    ops = _Operands()
+    ops = Operands()
     args_t, kwargs_t = _template(plan, args, kwargs, ops)
     meta, arg = _memo(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))
     runtime_kwargs = (("_precision", _matmul_precision()),) if plan.matmul else ()
@@ -453,7 +453,7 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
     list, their device and each call's operand count (in C when built: ``_native.elements``).
     Each call's template counts its markers from its own first operand, so its shape memo key is
     the single op's."""
-    ops = _Operands()
+    ops = Operands()
     templates, metas, counts = [], [], []
     for args, kwargs in calls:
         start, ops.base = len(ops.keys), len(ops.srcs)
@@ -464,6 +464,17 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
         templates.append(template)
         counts.append(len(ops.srcs) - ops.base)
     return tuple(ops.srcs), tuple(templates), metas, ops.device, tuple(counts)
+
+
+def record_update(op: str, srcs: tuple, arg: tuple, targets: list) -> None:
+    """Record ``op`` on ``srcs`` as one node whose output ``k`` becomes the new value of
+    ``targets[k]`` (in place; each keeps its shape and dtype): a fused optimizer step."""
+    node = _multi_node(op, srcs, arg, [t._meta for t in targets])
+    try:
+        for k, target in enumerate(targets):
+            target._lazy.assign(getitem(node, k))
+    except NotWritable as e:
+        raise RuntimeError(str(e)) from None
 
 
 def _multi_node(op: str, srcs: tuple, arg: Any, metas: Any) -> Node:
@@ -554,7 +565,7 @@ def _inplace(functional: Any) -> Handler:
     def handle(func: Any, args: tuple, kwargs: dict) -> Any:
         self = args[0]
         plan = _plan(func)
-        ops = _Operands()
+        ops = Operands()
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
         eager_resizes = False
         try:

@@ -191,3 +191,14 @@ def declare_foreach_support() -> None:
         current = module._get_foreach_kernels_supported_devices
         if "lazy" not in current():
             module._get_foreach_kernels_supported_devices = _with_lazy(current)
+
+
+def declare_fused_support() -> None:
+    """Let ``fused=True`` optimizers (Adam, AdamW, SGD) take lazy parameters, as they take CUDA
+    ones (fused.py records their steps). They check the device type against
+    ``_get_fused_kernels_supported_devices``, patched in each module that imported it."""
+    optimizer = importlib.import_module("torch.optim.optimizer")
+    for module in (_foreach_utils, optimizer):
+        current = module._get_fused_kernels_supported_devices
+        if "lazy" not in current():
+            module._get_fused_kernels_supported_devices = _with_lazy(current)

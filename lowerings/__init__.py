@@ -23,6 +23,7 @@ from lowerings import (  # noqa: E402, F401
     convolution,
     indexing,
     normalization,
+    optim,
     random,
     reduction,
     resampling,

@@ -1,0 +1,127 @@
+"""Fused optimizer steps: ``fused_adam`` (Adam, AdamW) and ``fused_sgd`` over every parameter.
+
+Operands: each list's tensors, list by list (``lists`` names them; every list has ``n``), then the
+step's scalars, then ``grad_scale`` and ``found_inf`` when given (``extras``). Outputs: the new
+values of the ``updated`` lists, list by list. Arithmetic follows PyTorch's fused kernels: in
+float32 for reduced-precision parameters; a ``grad_scale`` unscales the gradients (which are
+updated with their unscaled values); a ``found_inf`` of 1 leaves every tensor as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from lowerings.registry import LoweringContext, lowering
+
+
+def _opmath(dtype: Any) -> Any:
+    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
+
+
+def _zero(scalar: Any) -> bool:
+    """A scalar recorded as the constant 0 (weight decay off): its term is left out, as eager's
+    kernels do, so an infinite parameter does not become NaN."""
+    return type(scalar) in (int, float) and scalar == 0
+
+
+def _step(
+    ctx: LoweringContext,
+    operands: tuple,
+    n: int,
+    lists: tuple[str, ...],
+    updated: tuple[str, ...],
+    extras: tuple[str, ...],
+    n_scalars: int,
+    element: Any,
+) -> tuple:
+    """Apply ``element(values, scalars, flags)`` (lists' entries in opmath -> updated entries) to
+    each parameter; returns the outputs list by list, in their dtypes."""
+    by_list = {name: operands[k * n : (k + 1) * n] for k, name in enumerate(lists)}
+    rest = operands[len(lists) * n :]
+    scalars, extra = rest[:n_scalars], dict(zip(extras, rest[n_scalars:]))
+    skip = extra.get("found_inf")
+    outputs: dict[str, list] = {name: [] for name in updated}
+    for i in range(n):
+        dtype = by_list["self"][i].dtype
+        math = _opmath(dtype)
+        values = {name: by_list[name][i] for name in lists}
+        if "grad_scale" in extra:
+            values["grads"] = values["grads"].astype(math) / extra["grad_scale"].astype(math)
+        new = element({k: v.astype(math) for k, v in values.items()}, scalars, math)
+        new.setdefault("grads", values["grads"])
+        for name in updated:
+            out = new[name].astype(by_list[name][i].dtype)
+            if skip is not None:
+                out = jnp.where(skip == 1, by_list[name][i], out)
+            outputs[name].append(out)
+    return tuple(out for name in updated for out in outputs[name])
+
+
+@lowering("fused_adam")
+def _fused_adam(
+    ctx: LoweringContext,
+    operands: tuple,
+    n: int,
+    lists: tuple,
+    updated: tuple,
+    extras: tuple,
+    flags: tuple,
+) -> tuple:
+    f = dict(flags)
+
+    def element(v: dict, scalars: tuple, math: Any) -> dict:
+        lr, beta1, beta2, weight_decay, eps = (jnp.asarray(s, math) for s in scalars)
+        param, grad = v["self"], -v["grads"] if f["maximize"] else v["grads"]
+        if _zero(scalars[3]):
+            pass
+        elif f["decoupled"]:
+            param = param * (1 - lr * weight_decay)
+        else:
+            grad = grad + weight_decay * param
+        exp_avg = v["exp_avgs"] + (1 - beta1) * (grad - v["exp_avgs"])
+        exp_avg_sq = beta2 * v["exp_avg_sqs"] + (1 - beta2) * grad * grad
+        step = v["state_steps"]
+        bias_correction1 = 1 - beta1**step
+        bias_correction2_sqrt = jnp.sqrt(1 - beta2**step)
+        new = {"exp_avgs": exp_avg, "exp_avg_sqs": exp_avg_sq}
+        if f["amsgrad"]:
+            exp_avg_sq = new["max_exp_avg_sqs"] = jnp.maximum(v["max_exp_avg_sqs"], exp_avg_sq)
+        denom = jnp.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+        new["self"] = param - (lr / bias_correction1) * exp_avg / denom
+        return new
+
+    return _step(ctx, operands, n, lists, updated, extras, 5, element)
+
+
+@lowering("fused_sgd")
+def _fused_sgd(
+    ctx: LoweringContext,
+    operands: tuple,
+    n: int,
+    lists: tuple,
+    updated: tuple,
+    extras: tuple,
+    flags: tuple,
+) -> tuple:
+    f = dict(flags)
+
+    def element(v: dict, scalars: tuple, math: Any) -> dict:
+        lr, weight_decay, momentum, dampening = (jnp.asarray(s, math) for s in scalars)
+        param = v["self"]
+        grad = -v["grads"] if f["maximize"] else v["grads"]
+        if not _zero(scalars[1]):
+            grad = grad + weight_decay * param
+        new = {}
+        if "momentum_buffer_list" in v:
+            if f["is_first_step"]:
+                buf = grad
+            else:
+                buf = momentum * v["momentum_buffer_list"] + (1 - dampening) * grad
+            new["momentum_buffer_list"] = buf
+            grad = grad + momentum * buf if f["nesterov"] else buf
+        new["self"] = param - lr * grad
+        return new
+
+    return _step(ctx, operands, n, lists, updated, extras, 4, element)

@@ -1,0 +1,115 @@
+"""``fused=True`` optimizers on lazy parameters (lazy_torch/fused.py), against eager CPU's fused
+kernels: parameters, optimizer state and gradients after each step."""
+
+import pytest
+import torch
+
+import lazy_torch
+
+CONFIGS = {
+    "adamw": (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 0.01}),
+    "adam_amsgrad_maximize": (
+        torch.optim.Adam,
+        {"lr": 0.05, "amsgrad": True, "maximize": True, "weight_decay": 0.1},
+    ),
+    "adam_tensor_lr": (torch.optim.Adam, {"lr": torch.tensor(0.02), "betas": (0.8, 0.9)}),
+    "sgd": (torch.optim.SGD, {"lr": 0.1}),
+    "sgd_momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "dampening": 0.2}),
+    "sgd_nesterov": (
+        torch.optim.SGD,
+        {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.05, "maximize": True},
+    ),
+}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+
+
+def _state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v.cpu() for s in opt.state.values() for _, v in sorted(s.items())]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fused_optimizer_steps_match_eager(name):
+    cls, kwargs = CONFIGS[name]
+    eager, lazy = _model(), _model().to("lazy")
+    x, y = torch.randn(6, 5), torch.randn(6, 2)
+    opts = [cls(m.parameters(), fused=True, **kwargs) for m in (eager, lazy)]
+    for _ in range(3):
+        for model, opt, inputs in ((eager, opts[0], (x, y)), (lazy, opts[1], (x, y))):
+            if model is lazy:
+                inputs = tuple(t.to("lazy") for t in inputs)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(inputs[0]), inputs[1]).backward()
+            opt.step()
+        lazy_torch.mark_step()
+        for p, q in zip(eager.parameters(), lazy.parameters()):
+            torch.testing.assert_close(q.cpu(), p)
+        for a, b in zip(_state(opts[0]), _state(opts[1])):
+            torch.testing.assert_close(b, a)
+    counters = lazy_torch.metrics.counters()
+    assert not [k for k in counters if k.startswith("fallback::")]
+
+
+def _tensors(seed: int, device: str) -> list[list[torch.Tensor]]:
+    torch.manual_seed(seed)
+    lists = [[torch.randn(3, 2), torch.randn(4)] for _ in range(5)]
+    lists[3:] = [[t.abs() for t in ts] for ts in lists[3:]]  # second moments
+    steps = [torch.tensor(3.0), torch.tensor(3.0)]
+    return [[t.to(device) for t in ts] for ts in (*lists, steps)]
+
+
+@pytest.mark.parametrize("found_inf", [0.0, 1.0])
+@pytest.mark.parametrize("op", ["_fused_adam_", "_fused_adamw_"])
+def test_a_grad_scale_unscales_the_grads_and_found_inf_skips_the_step(op, found_inf):
+    kwargs = {"lr": 0.1, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.1, "eps": 1e-8}
+    results = []
+    for device in ("cpu", "lazy"):
+        lists = _tensors(0, device)
+        scale, inf = torch.tensor(4.0).to(device), torch.tensor(found_inf).to(device)
+        getattr(torch, op)(
+            *lists, **kwargs, amsgrad=True, maximize=False, grad_scale=scale, found_inf=inf
+        )
+        results.append([t.cpu() for ts in lists for t in ts])
+    before = [t for ts in _tensors(0, "cpu") for t in ts]
+    for got, expected, old in zip(results[1], results[0], before):
+        torch.testing.assert_close(got, expected)
+        if found_inf:
+            torch.testing.assert_close(got, old)
+
+
+def test_changing_the_learning_rate_does_not_recompile():
+    model = _model().to("lazy")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    x = torch.randn(6, 5, device="lazy")
+    compiles = []
+    for step in range(5):
+        for group in opt.param_groups:
+            group["lr"] = 0.1 / (step + 1)
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+        lazy_torch.mark_step()
+        compiles.append(lazy_torch.metrics.counters().get("compiles", 0))
+    assert compiles[-1] == compiles[2]
+
+
+def test_mismatched_lists_raise_at_the_call():
+    params = [torch.zeros(3, device="lazy")]
+    grads = [torch.zeros(4, device="lazy")]
+    with pytest.raises(RuntimeError, match=r"grads holds a tensor of shape \(4,\)"):
+        torch._fused_sgd_(
+            params, grads, [], weight_decay=0.0, momentum=0.0, lr=0.1, dampening=0.0,
+            nesterov=False, maximize=False, is_first_step=True,
+        )  # fmt: skip
+
+
+def test_a_tensor_on_another_device_raises_pytorchs_device_mismatch():
+    params = [torch.zeros(3, device="lazy")]
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch._fused_sgd_(
+            params, [torch.zeros(3)], [], weight_decay=0.0, momentum=0.0, lr=0.1, dampening=0.0,
+            nesterov=False, maximize=False, is_first_step=True,
+        )  # fmt: skip
