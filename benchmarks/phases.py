@@ -1,7 +1,7 @@
 """Host time per phase of a training step, eager against lazy, synced and back to back.
 
 PYTHONPATH=. python benchmarks/phases.py [--device cuda] [--size gpt2-124m] [--amp bf16]
-    [--rounds 6] [workload]
+    [--rounds 6] [--fused] [workload]
 
 Builds one of the suite's workloads (``benchmarks/suite.py``; GPT-2 by default) on eager PyTorch
 and on device='lazy' in one process and runs blocks of five training steps, alternating the
@@ -11,6 +11,8 @@ mode, the median host time of the forward (with zero_grad), the backward, the op
 mark_step, and the mean step period of the blocks (a back-to-back block's includes its one wait,
 so it exceeds the steady step that ``suite.py``'s b2b column measures). When both backends are
 host-bound, the phases where lazy spends more host time than eager are where its step loses.
+``--fused`` gives both backends' optimizers ``fused=True`` (one kernel, or one lazy node, per step
+instead of a foreach call per arithmetic step).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _backend(backend: str, wl: suite.Workload, args: argparse.Namespace) -> tupl
     lazy = backend == "lazy"
     model, batch, autocast = suite.placed(backend, wl, args)
     model.train()
-    opt = wl.optimizer(model.parameters())
+    opt = wl.optimizer(model.parameters(), **({"fused": True} if args.fused else {}))
     if lazy:
         wait = lazy_torch.wait_device_ops
     else:
@@ -65,6 +67,9 @@ def main() -> None:
     parser.add_argument("--size", default="small", choices=("small", "gpt2-124m"))
     parser.add_argument("--amp", choices=("bf16",), help="autocast both backends to bfloat16")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--fused", action="store_true", help="both backends' optimizers with fused=True"
+    )
     args = parser.parse_args()
     wl = suite.WORKLOADS[args.workload](args.size)
     backends = {b: _backend(b, wl, args) for b in ("eager", "lazy")}
