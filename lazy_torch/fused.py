@@ -1,4 +1,5 @@
-"""Fused optimizer steps (``aten._fused_adam_``, ``_fused_adamw_``, ``_fused_sgd_``): one node a call.
+"""Fused optimizer steps (``aten._fused_adam_``, ``_fused_adamw_``, ``_fused_sgd_``) and GradScaler's
+two ops (``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``): one node a call.
 
 With ``fused=True``, PyTorch's Adam, AdamW and SGD make one call per parameter group (and dtype)
 where their foreach path makes one per arithmetic step, each over every parameter. Here that call
@@ -6,6 +7,7 @@ records one ``fused_adam`` or ``fused_sgd`` node over the tensors of every param
 (lowerings/optim.py), and each tensor the step updates (the parameter, its moments or momentum
 buffer, its gradient when a ``grad_scale`` unscales it) takes its output as its new value.
 Learning rate, betas, epsilon and weight decay are graph scalars: changing them never recompiles.
+GradScaler's ops stay on the device too, so a float16 training step with a scaler needs no sync.
 """
 
 from __future__ import annotations
@@ -106,3 +108,32 @@ def _fused_sgd(func: Any, args: tuple, kwargs: dict) -> None:
     updated = keys if b["grad_scale"] is not None else [k for k in keys if k != "grads"]
     scalars = ("lr", "weight_decay", "momentum", "dampening")
     _record("fused_sgd", func._schema.name, lists, updated, b, scalars)
+
+
+@special(aten._amp_foreach_non_finite_check_and_unscale_.default)
+def _unscale(func: Any, args: tuple, kwargs: dict) -> None:
+    b = _bound(func, args, kwargs)
+    grads = list(b["self"])
+    if not grads:
+        return
+    ops = Operands()
+    for t in (*grads, b["found_inf"], b["inv_scale"]):
+        ops.tensor(t)
+    srcs = tuple(ops.srcs)
+    arg = ((operands(len(srcs)), len(grads)), ())
+    record_update("amp_unscale", srcs, arg, [*grads, b["found_inf"]])
+
+
+@special(aten._amp_update_scale_.default)
+def _update_scale(func: Any, args: tuple, kwargs: dict) -> Any:
+    b = _bound(func, args, kwargs)
+    ops = Operands()
+    for t in (b["self"], b["growth_tracker"], b["found_inf"]):
+        ops.tensor(t)
+    for k in ("scale_growth_factor", "scale_backoff_factor", "growth_interval"):
+        ops.scalar(b[k])
+    srcs = tuple(ops.srcs)
+    record_update(
+        "amp_update_scale", srcs, ((operands(len(srcs)),), ()), [b["self"], b["growth_tracker"]]
+    )
+    return b["self"]

@@ -1,4 +1,5 @@
-"""Fused optimizer steps: ``fused_adam`` (Adam, AdamW) and ``fused_sgd`` over every parameter.
+"""Fused optimizer steps: ``fused_adam`` (Adam, AdamW) and ``fused_sgd`` over every parameter; and
+GradScaler's ``amp_unscale`` and ``amp_update_scale``, as PyTorch's CPU kernels compute them.
 
 Operands: each list's tensors, list by list (``lists`` names them; every list has ``n``), then the
 step's scalars, then ``grad_scale`` and ``found_inf`` when given (``extras``). Outputs: the new
@@ -125,3 +126,33 @@ def _fused_sgd(
         return new
 
     return _step(ctx, operands, n, lists, updated, extras, 4, element)
+
+
+@lowering("amp_unscale")
+def _amp_unscale(ctx: LoweringContext, operands: tuple, n: int) -> tuple:
+    """Each gradient times ``inv_scale``; ``found_inf`` becomes 1 if any gradient held a
+    non-finite value (it is never reset here)."""
+    grads, found_inf, inv_scale = operands[:n], operands[n], operands[n + 1]
+    outputs, bad = [], jnp.asarray(False)
+    for g in grads:
+        bad = bad | ~jnp.all(jnp.isfinite(g))
+        outputs.append((g.astype(_opmath(g.dtype)) * inv_scale).astype(g.dtype))
+    return (*outputs, jnp.where(bad, jnp.ones_like(found_inf), found_inf))
+
+
+@lowering("amp_update_scale")
+def _amp_update_scale(ctx: LoweringContext, operands: tuple) -> tuple:
+    """Back off the scale after a step with non-finite gradients; grow it after
+    ``growth_interval`` clean steps in a row, unless the grown scale would not be finite."""
+    scale, tracker, found_inf, growth, backoff, interval = operands
+    found = found_inf != 0
+    successful = tracker + 1
+    grow = successful == interval
+    grown = (scale * growth).astype(scale.dtype)
+    grown = jnp.where(jnp.isfinite(grown), grown, scale)
+    new_scale = jnp.where(
+        found, (scale * backoff).astype(scale.dtype), jnp.where(grow, grown, scale)
+    )
+    zero = jnp.zeros_like(tracker)
+    new_tracker = jnp.where(found | grow, zero, successful.astype(tracker.dtype))
+    return new_scale, new_tracker

@@ -113,3 +113,61 @@ def test_a_tensor_on_another_device_raises_pytorchs_device_mismatch():
             params, [torch.zeros(3)], [], weight_decay=0.0, momentum=0.0, lr=0.1, dampening=0.0,
             nesterov=False, maximize=False, is_first_step=True,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [None, float("inf"), float("nan")])
+def test_amp_unscale_matches_eager(bad):
+    results = []
+    for device in ("cpu", "lazy"):
+        torch.manual_seed(0)
+        grads = [torch.randn(3, 2), torch.randn(5).to(torch.float16)]
+        if bad is not None:
+            grads[1][2] = bad
+        found_inf, inv_scale = torch.tensor(0.0), torch.tensor(0.25)
+        tensors = [t.to(device) for t in (*grads, found_inf, inv_scale)]
+        torch._amp_foreach_non_finite_check_and_unscale_(tensors[:2], tensors[2], tensors[3])
+        results.append([t.cpu() for t in tensors])
+    for got, expected in zip(*reversed(results)):
+        torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("scale", "tracker", "found_inf"),
+    [(8.0, 0, 0.0), (8.0, 2, 0.0), (8.0, 2, 1.0), (3e38, 2, 0.0)],  # the last would overflow
+)
+def test_amp_update_scale_matches_eager(scale, tracker, found_inf):
+    results = []
+    for device in ("cpu", "lazy"):
+        s, t = torch.tensor(scale).to(device), torch.tensor(tracker, dtype=torch.int32).to(device)
+        out = torch._amp_update_scale_(s, t, torch.tensor(found_inf).to(device), 2.0, 0.5, 3)
+        assert out is s
+        results.append((s.cpu(), t.cpu()))
+    for got, expected in zip(*results[::-1]):
+        torch.testing.assert_close(got, expected)
+
+
+def test_grad_scaler_with_a_fused_optimizer_stays_on_the_device():
+    torch.manual_seed(0)
+    x = torch.randn(6, 5)
+    runs = []
+    for device in ("cpu", "lazy"):
+        model = _model().to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+        scaler = torch.amp.GradScaler(device, init_scale=1024.0, growth_interval=2)
+        scales = []
+        for step in range(6):
+            opt.zero_grad()
+            loss = model(x.to(device)).square().mean() * (float("inf") if step == 1 else 1.0)
+            scaler.scale(loss).backward()
+            scaler.step(opt)  # skipped where the gradients are not finite
+            scaler.update()
+            if device == "lazy":
+                lazy_torch.mark_step()
+            scales.append(scaler.get_scale())
+        runs.append((scales, [p.detach().cpu() for p in model.parameters()]))
+    assert runs[1][0] == runs[0][0] == [1024.0, 512.0, 512.0, 1024.0, 1024.0, 2048.0]
+    for got, expected in zip(runs[1][1], runs[0][1]):
+        torch.testing.assert_close(got, expected)
+    counters = lazy_torch.metrics.counters()
+    assert not [k for k in counters if k.startswith("fallback::")]
+    assert [k for k in counters if k.startswith("syncs::")] == ["syncs::mark_step"]
