@@ -10,6 +10,7 @@ updated with their unscaled values); a ``found_inf`` of 1 leaves every tensor as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -27,105 +28,90 @@ def _zero(scalar: Any) -> bool:
     return type(scalar) in (int, float) and scalar == 0
 
 
-def _step(
-    ctx: LoweringContext,
-    operands: tuple,
-    n: int,
-    lists: tuple[str, ...],
-    updated: tuple[str, ...],
-    extras: tuple[str, ...],
-    n_scalars: int,
-    element: Any,
-) -> tuple:
-    """Apply ``element(values, scalars, flags)`` (lists' entries in opmath -> updated entries) to
-    each parameter; returns the outputs list by list, in their dtypes."""
-    by_list = {name: operands[k * n : (k + 1) * n] for k, name in enumerate(lists)}
-    rest = operands[len(lists) * n :]
-    scalars, extra = rest[:n_scalars], dict(zip(extras, rest[n_scalars:]))
-    skip = extra.get("found_inf")
-    outputs: dict[str, list] = {name: [] for name in updated}
-    for i in range(n):
-        dtype = by_list["self"][i].dtype
-        math = _opmath(dtype)
-        values = {name: by_list[name][i] for name in lists}
-        if "grad_scale" in extra:
-            values["grads"] = values["grads"].astype(math) / extra["grad_scale"].astype(math)
-        new = element({k: v.astype(math) for k, v in values.items()}, scalars, math)
-        new.setdefault("grads", values["grads"])
-        for name in updated:
-            out = new[name].astype(by_list[name][i].dtype)
-            if skip is not None:
-                out = jnp.where(skip == 1, by_list[name][i], out)
-            outputs[name].append(out)
-    return tuple(out for name in updated for out in outputs[name])
+Element = Callable[[dict, dict, tuple, Any], dict]
 
 
-@lowering("fused_adam")
-def _fused_adam(
-    ctx: LoweringContext,
-    operands: tuple,
-    n: int,
-    lists: tuple,
-    updated: tuple,
-    extras: tuple,
-    flags: tuple,
-) -> tuple:
-    f = dict(flags)
+def _fused(name: str, n_scalars: int) -> Callable[[Element], Element]:
+    """Register the lowering of ``name``, a fused step over every parameter whose update is
+    ``element(flags, values, scalars, math)``: one parameter's entries of every list (in
+    ``math``, the opmath dtype) to its entries of the updated lists."""
 
-    def element(v: dict, scalars: tuple, math: Any) -> dict:
-        lr, beta1, beta2, weight_decay, eps = (jnp.asarray(s, math) for s in scalars)
-        param, grad = v["self"], -v["grads"] if f["maximize"] else v["grads"]
-        if _zero(scalars[3]):
-            pass
-        elif f["decoupled"]:
-            param = param * (1 - lr * weight_decay)
+    def register(element: Element) -> Element:
+        @lowering(name)
+        def lower(
+            ctx: LoweringContext,
+            operands: tuple,
+            n: int,
+            lists: tuple[str, ...],
+            updated: tuple[str, ...],
+            extras: tuple[str, ...],
+            flags: tuple,
+        ) -> tuple:
+            f = dict(flags)
+            by_list = {key: operands[k * n : (k + 1) * n] for k, key in enumerate(lists)}
+            rest = operands[len(lists) * n :]
+            scalars, extra = rest[:n_scalars], dict(zip(extras, rest[n_scalars:]))
+            skip = extra.get("found_inf")
+            outputs: dict[str, list] = {key: [] for key in updated}
+            for i in range(n):
+                math = _opmath(by_list["self"][i].dtype)
+                values = {key: by_list[key][i].astype(math) for key in lists}
+                if "grad_scale" in extra:
+                    values["grads"] = values["grads"] / extra["grad_scale"].astype(math)
+                new = element(f, values, scalars, math)
+                new.setdefault("grads", values["grads"])
+                for key in updated:
+                    out = new[key].astype(by_list[key][i].dtype)
+                    if skip is not None:
+                        out = jnp.where(skip == 1, by_list[key][i], out)
+                    outputs[key].append(out)
+            return tuple(out for key in updated for out in outputs[key])
+
+        return element
+
+    return register
+
+
+@_fused("fused_adam", 5)
+def _adam(f: dict, v: dict, scalars: tuple, math: Any) -> dict:
+    lr, beta1, beta2, weight_decay, eps = (jnp.asarray(s, math) for s in scalars)
+    param, grad = v["self"], -v["grads"] if f["maximize"] else v["grads"]
+    if _zero(scalars[3]):
+        pass
+    elif f["decoupled"]:
+        param = param * (1 - lr * weight_decay)
+    else:
+        grad = grad + weight_decay * param
+    exp_avg = v["exp_avgs"] + (1 - beta1) * (grad - v["exp_avgs"])
+    exp_avg_sq = beta2 * v["exp_avg_sqs"] + (1 - beta2) * grad * grad
+    step = v["state_steps"]
+    bias_correction1 = 1 - beta1**step
+    bias_correction2_sqrt = jnp.sqrt(1 - beta2**step)
+    new = {"exp_avgs": exp_avg, "exp_avg_sqs": exp_avg_sq}
+    if f["amsgrad"]:
+        exp_avg_sq = new["max_exp_avg_sqs"] = jnp.maximum(v["max_exp_avg_sqs"], exp_avg_sq)
+    denom = jnp.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+    new["self"] = param - (lr / bias_correction1) * exp_avg / denom
+    return new
+
+
+@_fused("fused_sgd", 4)
+def _sgd(f: dict, v: dict, scalars: tuple, math: Any) -> dict:
+    lr, weight_decay, momentum, dampening = (jnp.asarray(s, math) for s in scalars)
+    param = v["self"]
+    grad = -v["grads"] if f["maximize"] else v["grads"]
+    if not _zero(scalars[1]):
+        grad = grad + weight_decay * param
+    new = {}
+    if "momentum_buffer_list" in v:
+        if f["is_first_step"]:
+            buf = grad
         else:
-            grad = grad + weight_decay * param
-        exp_avg = v["exp_avgs"] + (1 - beta1) * (grad - v["exp_avgs"])
-        exp_avg_sq = beta2 * v["exp_avg_sqs"] + (1 - beta2) * grad * grad
-        step = v["state_steps"]
-        bias_correction1 = 1 - beta1**step
-        bias_correction2_sqrt = jnp.sqrt(1 - beta2**step)
-        new = {"exp_avgs": exp_avg, "exp_avg_sqs": exp_avg_sq}
-        if f["amsgrad"]:
-            exp_avg_sq = new["max_exp_avg_sqs"] = jnp.maximum(v["max_exp_avg_sqs"], exp_avg_sq)
-        denom = jnp.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
-        new["self"] = param - (lr / bias_correction1) * exp_avg / denom
-        return new
-
-    return _step(ctx, operands, n, lists, updated, extras, 5, element)
-
-
-@lowering("fused_sgd")
-def _fused_sgd(
-    ctx: LoweringContext,
-    operands: tuple,
-    n: int,
-    lists: tuple,
-    updated: tuple,
-    extras: tuple,
-    flags: tuple,
-) -> tuple:
-    f = dict(flags)
-
-    def element(v: dict, scalars: tuple, math: Any) -> dict:
-        lr, weight_decay, momentum, dampening = (jnp.asarray(s, math) for s in scalars)
-        param = v["self"]
-        grad = -v["grads"] if f["maximize"] else v["grads"]
-        if not _zero(scalars[1]):
-            grad = grad + weight_decay * param
-        new = {}
-        if "momentum_buffer_list" in v:
-            if f["is_first_step"]:
-                buf = grad
-            else:
-                buf = momentum * v["momentum_buffer_list"] + (1 - dampening) * grad
-            new["momentum_buffer_list"] = buf
-            grad = grad + momentum * buf if f["nesterov"] else buf
-        new["self"] = param - lr * grad
-        return new
-
-    return _step(ctx, operands, n, lists, updated, extras, 4, element)
+            buf = momentum * v["momentum_buffer_list"] + (1 - dampening) * grad
+        new["momentum_buffer_list"] = buf
+        grad = grad + momentum * buf if f["nesterov"] else buf
+    new["self"] = param - lr * grad
+    return new
 
 
 @lowering("amp_unscale")
