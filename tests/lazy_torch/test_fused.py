@@ -171,3 +171,20 @@ def test_grad_scaler_with_a_fused_optimizer_stays_on_the_device():
     counters = lazy_torch.metrics.counters()
     assert not [k for k in counters if k.startswith("fallback::")]
     assert [k for k in counters if k.startswith("syncs::")] == ["syncs::mark_step"]
+
+
+def test_fused_adamw_on_bfloat16_parameters_matches_eager():
+    # Both compute in float32 and store bfloat16. (Eager CPU's fused SGD left bfloat16 matrices
+    # unchanged in torch 2.13, so SGD is compared in float32 only.)
+    eager, lazy = _model().to(torch.bfloat16), _model().to(torch.bfloat16).to("lazy")
+    x = torch.randn(6, 5, dtype=torch.bfloat16)
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.05, fused=True) for m in (eager, lazy)]
+    for _ in range(3):
+        for model, opt, inputs in ((eager, opts[0], x), (lazy, opts[1], x.to("lazy"))):
+            opt.zero_grad()
+            model(inputs).float().square().mean().backward()
+            opt.step()
+        lazy_torch.mark_step()
+    for p, q in zip(eager.parameters(), lazy.parameters()):
+        assert q.dtype == torch.bfloat16
+        torch.testing.assert_close(q.cpu(), p)
