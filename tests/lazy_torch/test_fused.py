@@ -187,4 +187,5 @@ def test_fused_adamw_on_bfloat16_parameters_matches_eager():
         lazy_torch.mark_step()
     for p, q in zip(eager.parameters(), lazy.parameters()):
         assert q.dtype == torch.bfloat16
-        torch.testing.assert_close(q.cpu(), p)
+        # One bfloat16 step apart at most: a GPU's bfloat16 matmuls round unlike the CPU's.
+        torch.testing.assert_close(q.cpu(), p, atol=4e-3, rtol=1.6e-2)
