@@ -140,7 +140,7 @@ def _plan(func: Any) -> _Plan:
 # the shape-inference memo key and the device of the op.
 
 
-class Operands:
+class _Operands:
     __slots__ = ("base", "device", "keys", "scalars", "srcs")
 
     def __init__(self) -> None:
@@ -237,7 +237,7 @@ _PLAIN = (int, str, type(None), bool, float)
 _STR_TYPES = (torch.device, torch.layout, torch.memory_format)
 
 
-def _attr(v: Any, ops: Operands) -> Any:
+def _attr(v: Any, ops: _Operands) -> Any:
     """A non-Scalar argument as a hashable template entry."""
     if type(v) in _PLAIN:
         return v
@@ -259,7 +259,7 @@ def _attr(v: Any, ops: Operands) -> Any:
 _NUMBER = (bool, int, float, complex)
 
 
-def _template(plan: _Plan, args: tuple, kwargs: dict, ops: Operands) -> tuple[tuple, tuple]:
+def _template(plan: _Plan, args: tuple, kwargs: dict, ops: _Operands) -> tuple[tuple, tuple]:
     scalar_pos = plan.scalar_pos if plan.scalars_are_operands else ()
     scalar_names = plan.scalar_names if plan.scalars_are_operands else ()
     args_t = tuple(
@@ -382,7 +382,7 @@ def record(
     args: tuple,
     kwargs: dict,
     name: str | None = None,
-    extra: Callable[[Operands], tuple] | None = None,
+    extra: Callable[[_Operands], tuple] | None = None,
 ) -> Any:
     """Record ``func(*args, **kwargs)`` as one IR node and wrap its outputs as lazy tensors.
 
@@ -390,7 +390,7 @@ def record(
     arguments (RNG state, precision) to the template.
     """
     plan = _plan(func)
-    ops = Operands()
+    ops = _Operands()
     args_t, kwargs_t = _template(plan, args, kwargs, ops)
     meta, arg = _memo(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))
     runtime_kwargs = (("_precision", _matmul_precision()),) if plan.matmul else ()
@@ -453,7 +453,7 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
     list, their device and each call's operand count (in C when built: ``_native.elements``).
     Each call's template counts its markers from its own first operand, so its shape memo key is
     the single op's."""
-    ops = Operands()
+    ops = _Operands()
     templates, metas, counts = [], [], []
     for args, kwargs in calls:
         start, ops.base = len(ops.keys), len(ops.srcs)
@@ -466,9 +466,19 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
     return tuple(ops.srcs), tuple(templates), metas, ops.device, tuple(counts)
 
 
-def record_update(op: str, srcs: tuple, arg: tuple, targets: list) -> None:
-    """Record ``op`` on ``srcs`` as one node whose output ``k`` becomes the new value of
-    ``targets[k]`` (in place; each keeps its shape and dtype): a fused optimizer step."""
+def record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
+    """Record ``op`` as one node whose output ``k`` becomes the new value of ``targets[k]`` (in
+    place; each keeps its shape and dtype): a fused optimizer step. Its operands are ``values``
+    (tensors, and Python numbers as graph scalars); its lowering gets them as one tuple, then
+    ``attrs``."""
+    ops = _Operands()
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            ops.tensor(v)
+        else:
+            ops.scalar(v)
+    srcs = tuple(ops.srcs)
+    arg = ((operands(len(srcs)), *attrs), ())
     node = _multi_node(op, srcs, arg, [t._meta for t in targets])
     try:
         for k, target in enumerate(targets):
@@ -565,7 +575,7 @@ def _inplace(functional: Any) -> Handler:
     def handle(func: Any, args: tuple, kwargs: dict) -> Any:
         self = args[0]
         plan = _plan(func)
-        ops = Operands()
+        ops = _Operands()
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
         eager_resizes = False
         try:

@@ -167,38 +167,38 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
 _MISSING = object()
 
 
-def _with_lazy(devices: Callable[[], list[str]]) -> Callable[[], list[str]]:
-    def supported() -> list[str]:
-        return [*devices(), "lazy"]
+def _add_lazy(name: str, modules: tuple) -> None:
+    """Make each module's ``name`` (a function listing supported device types, which has no
+    registration hook) list ``lazy`` too."""
+    for module in modules:
+        devices = getattr(module, name)
+        if "lazy" in devices():
+            continue
 
-    supported.__doc__ = devices.__doc__
-    return supported
+        def supported(devices: Callable[[], list[str]] = devices) -> list[str]:
+            return [*devices(), "lazy"]
+
+        supported.__doc__ = devices.__doc__
+        setattr(module, name, supported)
 
 
 def declare_foreach_support() -> None:
     """Make PyTorch's optimizers default to their foreach path on lazy tensors, as on CUDA.
 
     They check the tensor type against ``_foreach_supported_types`` (the list DTensor registers
-    itself in) and the device type against ``_get_foreach_kernels_supported_devices``, which has
-    no registration hook: each module that imported it gets a version that adds ``lazy``.
+    itself in) and the device type against ``_get_foreach_kernels_supported_devices``, in each
+    module that imported it.
     """
     optimizer = importlib.import_module("torch.optim.optimizer")
     swa_utils = importlib.import_module("torch.optim.swa_utils")
     for types in (_foreach_utils._foreach_supported_types, optimizer._foreach_supported_types):
         if LazyTensor not in types:
             types.append(LazyTensor)
-    for module in (_foreach_utils, optimizer, swa_utils):
-        current = module._get_foreach_kernels_supported_devices
-        if "lazy" not in current():
-            module._get_foreach_kernels_supported_devices = _with_lazy(current)
+    _add_lazy("_get_foreach_kernels_supported_devices", (_foreach_utils, optimizer, swa_utils))
 
 
 def declare_fused_support() -> None:
     """Let ``fused=True`` optimizers (Adam, AdamW, SGD) take lazy parameters, as they take CUDA
-    ones (fused.py records their steps). They check the device type against
-    ``_get_fused_kernels_supported_devices``, patched in each module that imported it."""
+    ones (fused.py records their steps): they check ``_get_fused_kernels_supported_devices``."""
     optimizer = importlib.import_module("torch.optim.optimizer")
-    for module in (_foreach_utils, optimizer):
-        current = module._get_fused_kernels_supported_devices
-        if "lazy" not in current():
-            module._get_fused_kernels_supported_devices = _with_lazy(current)
+    _add_lazy("_get_fused_kernels_supported_devices", (_foreach_utils, optimizer))

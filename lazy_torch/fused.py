@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from lazy_core.ir import operands
-from lazy_torch.dispatch import Operands, record_update, special
+from lazy_torch.dispatch import record_update, special
 
 aten = torch.ops.aten
 
@@ -53,10 +52,6 @@ def _check_lists(name: str, lists: dict[str, list]) -> int:
     return len(params)
 
 
-def _scalar_or_tensor(ops: Operands, v: Any) -> Any:
-    return ops.tensor(v) if isinstance(v, torch.Tensor) else ops.scalar(v)
-
-
 def _record(
     op: str, name: str, lists: dict[str, list], updated: list[str], b: dict, scalars: tuple
 ) -> None:
@@ -65,19 +60,12 @@ def _record(
     n = _check_lists(name, lists)
     if n == 0:
         return
-    ops = Operands()
-    for tensors in lists.values():
-        for t in tensors:
-            ops.tensor(t)
-    for v in scalars:
-        _scalar_or_tensor(ops, b[v])
     extras = tuple(k for k in ("grad_scale", "found_inf") if b[k] is not None)
-    for k in extras:
-        ops.tensor(b[k])
+    values = [t for tensors in lists.values() for t in tensors]
+    values += [b[k] for k in (*scalars, *extras)]
     flags = tuple(sorted((k, v) for k, v in b.items() if type(v) is bool))
-    srcs = tuple(ops.srcs)
-    arg = ((operands(len(srcs)), n, tuple(lists), tuple(updated), extras, flags), ())
-    record_update(op, srcs, arg, [t for key in updated for t in lists[key]])
+    attrs = (n, tuple(lists), tuple(updated), extras, flags)
+    record_update(op, values, attrs, [t for key in updated for t in lists[key]])
 
 
 @special(
@@ -114,26 +102,15 @@ def _fused_sgd(func: Any, args: tuple, kwargs: dict) -> None:
 def _unscale(func: Any, args: tuple, kwargs: dict) -> None:
     b = _bound(func, args, kwargs)
     grads = list(b["self"])
-    if not grads:
-        return
-    ops = Operands()
-    for t in (*grads, b["found_inf"], b["inv_scale"]):
-        ops.tensor(t)
-    srcs = tuple(ops.srcs)
-    arg = ((operands(len(srcs)), len(grads)), ())
-    record_update("amp_unscale", srcs, arg, [*grads, b["found_inf"]])
+    if grads:
+        values = [*grads, b["found_inf"], b["inv_scale"]]
+        record_update("amp_unscale", values, (len(grads),), [*grads, b["found_inf"]])
 
 
 @special(aten._amp_update_scale_.default)
 def _update_scale(func: Any, args: tuple, kwargs: dict) -> Any:
     b = _bound(func, args, kwargs)
-    ops = Operands()
-    for t in (b["self"], b["growth_tracker"], b["found_inf"]):
-        ops.tensor(t)
-    for k in ("scale_growth_factor", "scale_backoff_factor", "growth_interval"):
-        ops.scalar(b[k])
-    srcs = tuple(ops.srcs)
-    record_update(
-        "amp_update_scale", srcs, ((operands(len(srcs)),), ()), [b["self"], b["growth_tracker"]]
-    )
+    keys = ("self", "growth_tracker", "found_inf", "scale_growth_factor", "scale_backoff_factor")
+    values = [b[k] for k in (*keys, "growth_interval")]
+    record_update("amp_update_scale", values, (), [b["self"], b["growth_tracker"]])
     return b["self"]

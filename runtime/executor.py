@@ -259,7 +259,7 @@ def run_graph(
         threaded = config.LAUNCH_THREAD
         _launcher.threaded = device(0).platform != "cpu" if threaded is None else threaded
     # Listeners (LAZY_DEBUG) get each execution's line, with its dispatch time, in order.
-    asynchronous = defer_checks and not metrics.listening()
+    asynchronous = _launcher.threaded and defer_checks and not metrics.listening()
     launch, outputs = _launcher.submit(
         functools.partial(_execute, exe, values, _describe(graph)), len(graph.roots) + 1
     )
