@@ -31,6 +31,7 @@ from lazy_torch.tensor import LazyTensor
 
 declare_foreach_support()
 declare_fused_support()
+fused.route_foreach_steps()
 
 
 def device(index: int = 0) -> torch.device:

@@ -180,10 +180,11 @@ class _Operands:
         self.srcs.append(n)
         return self._added()
 
-    def scalar(self, v: Any) -> Any:
+    def scalar(self, v: Any, share: bool = True) -> Any:
+        """``v``'s operand; ``share``: the same number object again is the same operand."""
         kind = type(v)
         self.keys.append(kind)
-        seen = self.scalars.get(id(v))
+        seen = self.scalars.get(id(v)) if share else None
         if seen is not None:
             if seen >= self.base:
                 return operand(seen - self.base)
@@ -469,22 +470,29 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
 def record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
     """Record ``op`` as one node whose output ``k`` becomes the new value of ``targets[k]`` (in
     place; each keeps its shape and dtype): a fused optimizer step. Its operands are ``values``
-    (tensors, and Python numbers as graph scalars); its lowering gets them as one tuple, then
-    ``attrs``."""
+    (tensors, nodes such as scalar leaves, and Python numbers as graph scalars; one operand each);
+    its lowering gets them as one tuple, then ``attrs``."""
+    try:
+        if _native is None or not _native.update(op, values, attrs, targets):
+            _record_update(op, values, attrs, targets)
+    except NotWritable as e:
+        raise RuntimeError(str(e)) from None
+
+
+def _record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
     ops = _Operands()
     for v in values:
         if isinstance(v, torch.Tensor):
             ops.tensor(v)
+        elif isinstance(v, Node):
+            ops.node(v)
         else:
-            ops.scalar(v)
+            ops.scalar(v, share=False)
     srcs = tuple(ops.srcs)
     arg = ((operands(len(srcs)), *attrs), ())
     node = _multi_node(op, srcs, arg, [t._meta for t in targets])
-    try:
-        for k, target in enumerate(targets):
-            target._lazy.assign(getitem(node, k))
-    except NotWritable as e:
-        raise RuntimeError(str(e)) from None
+    for k, target in enumerate(targets):
+        target._lazy.assign(getitem(node, k))
 
 
 def _multi_node(op: str, srcs: tuple, arg: Any, metas: Any) -> Node:

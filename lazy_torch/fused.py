@@ -8,15 +8,30 @@ records one ``fused_adam`` or ``fused_sgd`` node over the tensors of every param
 buffer, its gradient when a ``grad_scale`` unscales it) takes its output as its new value.
 Learning rate, betas, epsilon and weight decay are graph scalars: changing them never recompiles.
 GradScaler's ops stay on the device too, so a float16 training step with a scaler needs no sync.
+
+PyTorch's default for these optimizers on lazy parameters is their foreach path, one foreach call
+per arithmetic step. Where the fused step computes the same (float32 and float64 parameters: in
+reduced precision each foreach op rounds its result), that call runs as the fused step instead
+(``route_foreach_steps``; ``LAZY_FUSE_FOREACH_STEPS=0`` turns it off). Its per-element work is
+the host's cost of an optimizer step: eight foreach calls over AdamW's lists took 1.9 ms of a
+GPT-2 step's 4.8 ms ``opt.step()`` on a 2-core CPU, where the fused step takes 0.7.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+import runtime
+from lazy_core import scalar_leaf
+from lazy_torch._dtypes import dtype_name
 from lazy_torch.dispatch import record_update, special
+from lazy_torch.tensor import LazyTensor
 
 aten = torch.ops.aten
 
@@ -38,18 +53,25 @@ def _check_lists(name: str, lists: dict[str, list]) -> int:
     """The element count of equally long lists whose tensors' shapes match the params' (each
     tensor's device is checked as it becomes an operand)."""
     params = lists["self"]
+    shapes = _shapes(params)
     for key, tensors in lists.items():
         if len(tensors) != len(params):
             raise RuntimeError(
                 f"{name}: expected {key} to have {len(params)} tensors like self, got {len(tensors)}"
             )
-        for p, t in zip(params, tensors):
-            if key != "state_steps" and t.shape != p.shape:
+        if key == "state_steps" or _shapes(tensors) == shapes:
+            continue
+        for shape, t in zip(shapes, tensors):
+            if tuple(t.shape) != shape:
                 raise RuntimeError(
                     f"{name}: {key} holds a tensor of shape {tuple(t.shape)} for a parameter of "
-                    f"shape {tuple(p.shape)}"
+                    f"shape {shape}"
                 )
     return len(params)
+
+
+def _shapes(tensors: list) -> list[tuple[int, ...]]:
+    return [t._meta[0] if type(t) is LazyTensor else tuple(t.shape) for t in tensors]
 
 
 def _record(
@@ -114,3 +136,135 @@ def _update_scale(func: Any, args: tuple, kwargs: dict) -> Any:
     values = [b[k] for k in (*keys, "growth_interval")]
     record_update("amp_update_scale", values, (), [b["self"], b["growth_tracker"]])
     return b["self"]
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch's foreach Adam, AdamW and SGD as their fused step.
+
+# Where a fused step computes what the foreach ops do: in reduced precision each foreach op
+# rounds its result to the parameter's dtype, while the fused step rounds once.
+_EXACT = (torch.float32, torch.float64)
+
+
+def _one_group(params: list, *lists: list) -> bool:
+    """Whether every tensor of ``params`` and ``lists`` is a lazy tensor on the first parameter's
+    device with its dtype, float32 or float64."""
+    if not params or type(params[0]) is not LazyTensor:
+        return False
+    dtype, device = params[0]._meta[3], params[0]._lazy.device
+    return dtype in _EXACT and all(
+        type(t) is LazyTensor and t._meta[3] is dtype and t._lazy.device == device
+        for tensors in (params, *lists)
+        for t in tensors
+    )
+
+
+def _steps(steps: list, capturable: bool, device: int) -> list | None:
+    """Adam's step counts as the fused step's operands, after counting this step: lazy step
+    tensors as they are, CPU ones as graph scalars of their values (none is a constant, so the
+    first step compiles what every later one runs); None where the foreach path must run
+    (``capturable``: it checks the parameters' device type)."""
+    if capturable:
+        return None
+    if all(type(s) is LazyTensor and s._lazy.device == device and not s.dim() for s in steps):
+        torch._foreach_add_(steps, 1)
+        return steps
+    if not all(type(s) is torch.Tensor and s.device.type == "cpu" and not s.dim() for s in steps):
+        return None
+    torch._foreach_add_(steps, 1)
+    return [scalar_leaf(s.item(), dtype_name(s.dtype)) for s in steps]
+
+
+def _adam_step(b: dict) -> bool:
+    """A foreach Adam or AdamW call as one ``fused_adam`` node; False where it does not fit."""
+    lists = [b["grads"], b["exp_avgs"], b["exp_avg_sqs"]]
+    if b["amsgrad"]:
+        lists.append(b["max_exp_avg_sqs"])
+    if (
+        b["has_complex"]
+        or b["differentiable"]
+        or b["grad_scale"] is not None
+        or b["found_inf"] is not None
+        or any(isinstance(b[k], torch.Tensor) for k in ("lr", "beta1", "beta2"))
+        or not _one_group(b["params"], *lists)
+    ):
+        return False
+    steps = _steps(b["state_steps"], b["capturable"], b["params"][0]._lazy.device)
+    if steps is None:
+        return False
+    func = aten._fused_adamw_ if b["decoupled_weight_decay"] else aten._fused_adam_
+    args = (b["params"], *lists[:3], b["max_exp_avg_sqs"], steps)
+    keys = ("lr", "beta1", "beta2", "weight_decay", "eps", "amsgrad", "maximize")
+    _fused_adam(func.default, args, {k: b[k] for k in keys})
+    return True
+
+
+def _sgd_step(b: dict) -> bool:
+    """A foreach SGD call as one ``fused_sgd`` node; False where it does not fit."""
+    grads, buffers = b["grads"], b["momentum_buffer_list"]
+    first = b["momentum"] != 0 and all(t is None for t in buffers)
+    held = [] if b["momentum"] == 0 or first else [buffers]
+    if (
+        b["grad_scale"] is not None
+        or b["found_inf"] is not None
+        or b["has_sparse_grad"]
+        or isinstance(b["lr"], torch.Tensor)
+        or not _one_group(b["params"], grads, *held)
+    ):
+        return False
+    if first:  # the step sets each buffer to its gradient, as the foreach path's clones do
+        for i, g in enumerate(grads):
+            buffers[i] = torch.empty_like(g)
+    keys = ("weight_decay", "momentum", "lr", "dampening", "nesterov", "maximize")
+    kwargs = {k: b[k] for k in keys}
+    args = (b["params"], grads, buffers if b["momentum"] != 0 else [])
+    _fused_sgd(aten._fused_sgd_.default, args, {**kwargs, "is_first_step": first})
+    return True
+
+
+# Module, foreach function, the function that runs a call of it as the fused step, and the
+# arguments that function reads.
+_ROUTES = (
+    (
+        "torch.optim.adam",
+        "_multi_tensor_adam",
+        _adam_step,
+        "params grads exp_avgs exp_avg_sqs max_exp_avg_sqs state_steps grad_scale found_inf "
+        "amsgrad has_complex beta1 beta2 lr weight_decay eps maximize capturable differentiable "
+        "decoupled_weight_decay",
+    ),
+    (
+        "torch.optim.sgd",
+        "_multi_tensor_sgd",
+        _sgd_step,
+        "params grads momentum_buffer_list grad_scale found_inf weight_decay momentum lr "
+        "dampening nesterov maximize has_sparse_grad",
+    ),
+)
+
+
+def _routed(original: Callable, step: Callable[[dict], bool]) -> Callable:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def routed(*args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(*args, **kwargs)
+        if not (runtime.config.FUSE_FOREACH_STEPS and step(bound.arguments)):
+            original(*args, **kwargs)
+
+    routed.lazy_original = original  # type: ignore[attr-defined]
+    return routed
+
+
+def route_foreach_steps() -> None:
+    """Make the foreach functions of PyTorch's Adam (AdamW's too) and SGD run a call over lazy
+    parameters as the fused step; other calls run the foreach path as before, and so does every
+    call where this PyTorch's function lacks an argument the fused step reads."""
+    for module_name, name, step, reads in _ROUTES:
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+        if hasattr(original, "lazy_original"):
+            continue
+        parameters = inspect.signature(original).parameters
+        if all(n in parameters and parameters[n].kind != parameters[n].VAR_KEYWORD for n in reads.split()):
+            setattr(module, name, _routed(original, step))

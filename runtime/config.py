@@ -31,3 +31,7 @@ GPU_ASYNC_LAUNCH: bool = _flag("LAZY_GPU_ASYNC_LAUNCH", default=True)
 # platform, where the call runs the program itself on the host's cores (a 2-core MLP step took
 # 2.63 ms with the thread against 1.72 without).
 LAUNCH_THREAD: bool | None = _flag("LAZY_LAUNCH_THREAD", default=None)
+# Run the foreach steps of PyTorch's Adam, AdamW and SGD (their default on lazy parameters) as their
+# fused step, one node per call, where it computes the same (float32 and float64 parameters):
+# the foreach path records one node per arithmetic step and parameter list (lazy_torch/fused.py).
+FUSE_FOREACH_STEPS: bool = _flag("LAZY_FUSE_FOREACH_STEPS", default=True)

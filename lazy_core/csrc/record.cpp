@@ -101,11 +101,12 @@ bool is_constant(PyObject* v, int kind) {
     }
 }
 
-PyObject* scalar_operand(Operands& ops, PyObject* v, int kind) {
+// A Python number's operand; ``share``: the same number object again is the same operand.
+PyObject* scalar_operand(Operands& ops, PyObject* v, int kind, bool share = true) {
     PyObject* type = (PyObject*)Py_TYPE(v);
     Py_INCREF(type);
     if (!append(ops.keys.p, type)) return nullptr;
-    auto seen = ops.scalars.find(v);
+    auto seen = share ? ops.scalars.find(v) : ops.scalars.end();
     PyObject* node;
     if (seen != ops.scalars.end()) {  // the same number again: the same operand
         if (seen->second >= ops.base) return marker(seen->second - ops.base);
@@ -494,6 +495,22 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     return PyTuple_Pack(5, srcs.p, templates.p, metas.p, ops.device.p, counts.p);
 }
 
+// One ``op`` node with an output per Meta of ``metas``; output k becomes the value of
+// targets[k] (``target._lazy.assign``). False on an error.
+bool assign_outputs(PyObject* op, PyObject* srcs, PyObject* arg, PyObject* metas,
+                    PyObject* targets) {
+    Ref node(multi_node(op, srcs, arg, metas));
+    Ref source(node ? PyTuple_Pack(1, node.p) : nullptr);
+    if (!source) return false;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++) {
+        Ref output(output_node(source.p, i));
+        Ref value(output ? PyObject_GetAttr(PyList_GET_ITEM(targets, i), s_lazy) : nullptr);
+        Ref done(value ? assign(value.p, output.p) : nullptr);
+        if (!done) return false;
+    }
+    return true;
+}
+
 // Whether every element result fits one foreach node: one floating-point tensor each, of its
 // target's shape and dtype when there are targets (the Python path's record_elements checks).
 // -1 on an error.
@@ -544,17 +561,64 @@ PyObject* foreach_outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     if (fit < 0) return nullptr;
     if (fit == 0) Py_RETURN_NONE;
     if (targets == Py_None) return record_outputs(op, srcs, arg, metas, device);
-    Ref node(multi_node(op, srcs, arg, metas));
-    Ref source(node ? PyTuple_Pack(1, node.p) : nullptr);
-    if (!source) return nullptr;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++) {
-        Ref output(output_node(source.p, i));
-        Ref value(output ? PyObject_GetAttr(PyList_GET_ITEM(targets, i), s_lazy) : nullptr);
-        Ref done(value ? assign(value.p, output.p) : nullptr);
-        if (!done) return nullptr;
-    }
+    if (!assign_outputs(op, srcs, arg, metas, targets)) return nullptr;
     Py_INCREF(targets);
     return targets;
+}
+
+// update(op, values, attrs, targets): the Python path's record_update (lazy_torch/dispatch.py).
+// One ``op`` node over the operands of ``values`` (lazy tensors, other tensors as foreign
+// operands, nodes, Python numbers; one operand each, equal numbers too), with ``arg`` ((markers, *attrs), ()); its output k becomes
+// the value of lazy tensor targets[k], in its shape and dtype. True once recorded; None, with
+// nothing recorded, where the Python path must do it (it raises the errors).
+PyObject* update(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_CheckExact(argv[1]) || !PyTuple_CheckExact(argv[2]) ||
+        !PyList_CheckExact(argv[3])) {
+        PyErr_SetString(PyExc_TypeError, "update(op, values: list, attrs: tuple, targets: list)");
+        return nullptr;
+    }
+    PyObject *values = argv[1], *targets = argv[3];
+    Operands ops;
+    Py_ssize_t nt = PyList_GET_SIZE(targets);
+    Ref metas(PyList_New(nt));
+    bool ok = ops.srcs && ops.keys && metas;
+    for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(values); i++) {
+        PyObject* v = PyList_GET_ITEM(values, i);
+        int kind = number_kind(v);
+        Ref added;
+        if (Py_TYPE(v) == &NodeType) {
+            Py_INCREF(v);
+            ok = append(ops.srcs.p, v);
+            continue;
+        } else if (kind >= 0) {
+            added.p = scalar_operand(ops, v, kind, false);
+        } else if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.tensor_type)) {
+            added.p = lazy_operand(ops, v);
+        } else if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.foreign_type)) {
+            added.p = foreign_operand(ops, v);
+        }
+        ok = (bool)added;
+    }
+    for (Py_ssize_t k = 0; ok && k < nt; k++) {
+        PyObject* t = PyList_GET_ITEM(targets, k);
+        ok = Py_TYPE(t) == (PyTypeObject*)cfg.tensor_type;
+        PyObject* meta = ok ? PyObject_GetAttr(t, s_meta) : nullptr;
+        ok = meta != nullptr;
+        if (ok) PyList_SET_ITEM(metas.p, k, meta);
+    }
+    Py_ssize_t n = ok ? PyList_GET_SIZE(ops.srcs.p) : 0;
+    Ref markers(ok && n <= PyTuple_GET_SIZE(cfg.operands) ? PyTuple_GetSlice(cfg.operands, 0, n)
+                                                          : nullptr);
+    if (!markers) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Ref head(PyTuple_Pack(1, markers.p));
+    Ref attrs(head ? PySequence_Concat(head.p, argv[2]) : nullptr);
+    Ref arg(attrs ? Py_BuildValue("(O())", attrs.p) : nullptr);
+    Ref srcs(arg ? PyList_AsTuple(ops.srcs.p) : nullptr);
+    if (!srcs || !assign_outputs(argv[0], srcs.p, arg.p, metas.p, targets)) return nullptr;
+    Py_RETURN_TRUE;
 }
 
 PyMethodDef recording_methods[] = {
@@ -563,6 +627,8 @@ PyMethodDef recording_methods[] = {
      "elements."},
     {"foreach_outputs", (PyCFunction)(void (*)(void))foreach_outputs, METH_FASTCALL,
      "foreach_outputs(op, srcs, arg, metas, device, targets): a foreach op's results as one node."},
+    {"update", (PyCFunction)(void (*)(void))update, METH_FASTCALL,
+     "update(op, values, attrs, targets) -> True, or None for the Python path: record_update."},
     {nullptr, nullptr, 0, nullptr}};
 
 bool add_recording(PyObject* module) {

@@ -8,6 +8,7 @@ import torch
 from torch.optim.optimizer import _default_to_fused_or_foreach
 
 import lazy_torch
+import runtime
 
 aten = torch.ops.aten
 SHAPES = [(3,), (2, 2), (4,)]
@@ -95,6 +96,12 @@ OPTIMIZERS = [
     (torch.optim.ASGD, {}),
     (torch.optim.Adadelta, {}),
 ]
+
+
+@pytest.fixture(autouse=True)
+def foreach_path(monkeypatch):
+    """Adam, AdamW and SGD take their foreach path here, not their fused step (test_fused.py)."""
+    monkeypatch.setattr(runtime.config, "FUSE_FOREACH_STEPS", False)
 
 
 def test_optimizers_default_to_foreach_on_lazy_parameters():

@@ -189,3 +189,85 @@ def test_fused_adamw_on_bfloat16_parameters_matches_eager():
         assert q.dtype == torch.bfloat16
         # One bfloat16 step apart at most: a GPU's bfloat16 matmuls round unlike the CPU's.
         torch.testing.assert_close(q.cpu(), p, atol=4e-3, rtol=1.6e-2)
+
+
+# PyTorch's default (foreach) Adam, AdamW and SGD on lazy parameters run as the fused step.
+ROUTED = {
+    "adamw": (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 0.01}),
+    "adam_amsgrad_maximize": (
+        torch.optim.Adam,
+        {"lr": 0.05, "amsgrad": True, "maximize": True, "weight_decay": 0.1},
+    ),
+    "sgd": (torch.optim.SGD, {"lr": 0.1}),
+    # momentum and dampening one number object: still two graph scalars
+    "sgd_momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.5, "dampening": 0.5}),
+    "sgd_nesterov": (
+        torch.optim.SGD,
+        {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.05, "maximize": True},
+    ),
+}
+
+
+def _pending_ops() -> list[str]:
+    from lazy_core import cut_graph, pending_storages
+
+    return [n.op for n in cut_graph([s.node for s in pending_storages()]).nodes]
+
+
+@pytest.mark.parametrize("name", sorted(ROUTED))
+def test_default_optimizers_record_their_fused_step_and_match_eager(name):
+    cls, kwargs = ROUTED[name]
+    eager, lazy = _model(), _model().to("lazy")
+    x, y = torch.randn(6, 5), torch.randn(6, 2)
+    opts = [cls(m.parameters(), **kwargs) for m in (eager, lazy)]  # foreach chosen by PyTorch
+    for _ in range(3):
+        for model, opt, device in ((eager, opts[0], "cpu"), (lazy, opts[1], "lazy")):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+        ops = _pending_ops()
+        assert ops.count("fused_sgd" if cls is torch.optim.SGD else "fused_adam") == 1
+        assert "foreach" not in ops
+        lazy_torch.mark_step()
+        for p, q in zip(eager.parameters(), lazy.parameters()):
+            torch.testing.assert_close(q.cpu(), p)
+        for a, b in zip(_state(opts[0]), _state(opts[1])):
+            torch.testing.assert_close(b, a)
+
+
+def test_a_routed_adamw_compiles_its_step_once_whatever_the_learning_rate():
+    model = _model().to("lazy")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(6, 5, device="lazy")
+    compiles = []
+    for step in range(5):
+        for group in opt.param_groups:
+            group["lr"] = 0.1 / (step + 1)
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+        lazy_torch.mark_step()
+        compiles.append(lazy_torch.metrics.counters().get("compiles", 0))
+    # the first step also makes the moments; the second and later steps run one graph
+    assert compiles[-1] == compiles[1]
+
+
+def test_bfloat16_parameters_keep_the_foreach_path():
+    # foreach ops round each result to bfloat16; the fused step would round once
+    model = _model().to(torch.bfloat16).to("lazy")
+    model(torch.randn(6, 5, dtype=torch.bfloat16, device="lazy")).sum().backward()
+    torch.optim.AdamW(model.parameters()).step()
+    ops = _pending_ops()
+    assert "foreach" in ops and "fused_adam" not in ops
+
+
+def test_the_foreach_path_when_routing_is_off(monkeypatch):
+    import runtime
+
+    monkeypatch.setattr(runtime.config, "FUSE_FOREACH_STEPS", False)
+    model = _model().to("lazy")
+    model(torch.randn(6, 5, device="lazy")).sum().backward()
+    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).step()
+    ops = _pending_ops()
+    assert "foreach" in ops and "fused_sgd" not in ops
