@@ -161,9 +161,9 @@ def _one_group(params: list, *lists: list) -> bool:
 
 def _steps(steps: list, capturable: bool, device: int) -> list | None:
     """Adam's step counts as the fused step's operands, after counting this step: lazy step
-    tensors as they are, CPU ones as graph scalars of their values (none is a constant, so the
-    first step compiles what every later one runs); None where the foreach path must run
-    (``capturable``: it checks the parameters' device type)."""
+    tensors as they are, CPU ones as graph scalars of their values (none a constant: a count of
+    1 would make a graph of its own); None where the foreach path must run (``capturable``: it
+    checks the parameters' device type)."""
     if capturable:
         return None
     if all(type(s) is LazyTensor and s._lazy.device == device and not s.dim() for s in steps):
@@ -229,16 +229,20 @@ _ROUTES = (
         "torch.optim.adam",
         "_multi_tensor_adam",
         _adam_step,
-        "params grads exp_avgs exp_avg_sqs max_exp_avg_sqs state_steps grad_scale found_inf "
-        "amsgrad has_complex beta1 beta2 lr weight_decay eps maximize capturable differentiable "
-        "decoupled_weight_decay",
+        (
+            "params grads exp_avgs exp_avg_sqs max_exp_avg_sqs state_steps grad_scale found_inf "
+            "amsgrad has_complex beta1 beta2 lr weight_decay eps maximize capturable "
+            "differentiable decoupled_weight_decay"
+        ),
     ),
     (
         "torch.optim.sgd",
         "_multi_tensor_sgd",
         _sgd_step,
-        "params grads momentum_buffer_list grad_scale found_inf weight_decay momentum lr "
-        "dampening nesterov maximize has_sparse_grad",
+        (
+            "params grads momentum_buffer_list grad_scale found_inf weight_decay momentum lr "
+            "dampening nesterov maximize has_sparse_grad"
+        ),
     ),
 )
 
@@ -249,6 +253,7 @@ def _routed(original: Callable, step: Callable[[dict], bool]) -> Callable:
     @functools.wraps(original)
     def routed(*args: Any, **kwargs: Any) -> None:
         bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
         if not (runtime.config.FUSE_FOREACH_STEPS and step(bound.arguments)):
             original(*args, **kwargs)
 
@@ -266,5 +271,8 @@ def route_foreach_steps() -> None:
         if hasattr(original, "lazy_original"):
             continue
         parameters = inspect.signature(original).parameters
-        if all(n in parameters and parameters[n].kind != parameters[n].VAR_KEYWORD for n in reads.split()):
+        if all(
+            n in parameters and parameters[n].kind != parameters[n].VAR_KEYWORD
+            for n in reads.split()
+        ):
             setattr(module, name, _routed(original, step))

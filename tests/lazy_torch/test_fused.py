@@ -80,9 +80,10 @@ def test_a_grad_scale_unscales_the_grads_and_found_inf_skips_the_step(op, found_
             torch.testing.assert_close(got, old)
 
 
-def test_changing_the_learning_rate_does_not_recompile():
+@pytest.mark.parametrize("fused", [True, None], ids=["fused", "default"])
+def test_changing_the_learning_rate_does_not_recompile(fused):
     model = _model().to("lazy")
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused)
     x = torch.randn(6, 5, device="lazy")
     compiles = []
     for step in range(5):
@@ -93,7 +94,8 @@ def test_changing_the_learning_rate_does_not_recompile():
         opt.step()
         lazy_torch.mark_step()
         compiles.append(lazy_torch.metrics.counters().get("compiles", 0))
-    assert compiles[-1] == compiles[2]
+    # the first step also makes the moments; the second and later steps run one graph
+    assert compiles[-1] == compiles[1]
 
 
 def test_mismatched_lists_raise_at_the_call():
@@ -234,23 +236,6 @@ def test_default_optimizers_record_their_fused_step_and_match_eager(name):
             torch.testing.assert_close(q.cpu(), p)
         for a, b in zip(_state(opts[0]), _state(opts[1])):
             torch.testing.assert_close(b, a)
-
-
-def test_a_routed_adamw_compiles_its_step_once_whatever_the_learning_rate():
-    model = _model().to("lazy")
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    x = torch.randn(6, 5, device="lazy")
-    compiles = []
-    for step in range(5):
-        for group in opt.param_groups:
-            group["lr"] = 0.1 / (step + 1)
-        opt.zero_grad(set_to_none=True)
-        model(x).square().mean().backward()
-        opt.step()
-        lazy_torch.mark_step()
-        compiles.append(lazy_torch.metrics.counters().get("compiles", 0))
-    # the first step also makes the moments; the second and later steps run one graph
-    assert compiles[-1] == compiles[1]
 
 
 def test_bfloat16_parameters_keep_the_foreach_path():
