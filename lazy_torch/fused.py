@@ -252,10 +252,14 @@ def _routed(original: Callable, step: Callable[[dict], bool]) -> Callable:
 
     @functools.wraps(original)
     def routed(*args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        if not (runtime.config.FUSE_FOREACH_STEPS and step(bound.arguments)):
-            original(*args, **kwargs)
+        # Other tensors' calls (CUDA ones in a torch.compile'd step too) go straight through.
+        params = args[0] if args else kwargs.get("params")
+        if params and type(params[0]) is LazyTensor and runtime.config.FUSE_FOREACH_STEPS:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            if step(bound.arguments):
+                return
+        original(*args, **kwargs)
 
     routed.lazy_original = original  # type: ignore[attr-defined]
     return routed

@@ -256,3 +256,17 @@ def test_the_foreach_path_when_routing_is_off(monkeypatch):
     torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).step()
     ops = _pending_ops()
     assert "foreach" in ops and "fused_sgd" not in ops
+
+
+@pytest.mark.parametrize("cls", [torch.optim.AdamW, torch.optim.SGD])
+def test_other_tensors_keep_pytorchs_foreach_path(cls):
+    # the routed foreach functions are PyTorch's for every other tensor
+    results = []
+    for foreach in (True, False):
+        model = _model()
+        opt = cls(model.parameters(), lr=0.1, foreach=foreach)
+        model(torch.randn(6, 5, generator=torch.Generator().manual_seed(1))).sum().backward()
+        opt.step()
+        results.append([p.detach() for p in model.parameters()])
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected)
