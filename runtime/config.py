@@ -22,10 +22,11 @@ CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
 DONATE: bool = _flag("LAZY_DONATE", default=True)
 # Record common ops in C (lazy_core/csrc) when it is built; 0 keeps every op in Python.
 NATIVE: bool = _flag("LAZY_NATIVE", default=True)
-# On GPUs, let JAX's CUDA client launch an executable's kernels from a thread of its own (its TFRT
-# client) instead of the thread that calls it (device.py): a GPT-2 124M step's call takes 2.2
-# instead of 6.0 ms of host time on an H100.
-GPU_ASYNC_LAUNCH: bool = _flag("LAZY_GPU_ASYNC_LAUNCH", default=True)
+# On GPUs, ask JAX's CUDA plugin for its TFRT client, which launches an executable's kernels from a
+# thread of its own (device.py). Off by default: executables are called from the launch thread
+# (launcher.py), and with the TFRT client the tracing thread ran slower (H100, GPT-2 124M bf16,
+# four processes: tracing 48.2 and 49.6 ms a step against 34.8 and 39.1 with JAX's default).
+GPU_ASYNC_LAUNCH: bool = _flag("LAZY_GPU_ASYNC_LAUNCH", default=False)
 # Call executables from a thread of their own (launcher.py), so that an asynchronous barrier
 # returns before the call does: 1 or 0; unset means on for GPUs and TPUs and off on the CPU
 # platform, where the call runs the program itself on the host's cores (a 2-core MLP step took

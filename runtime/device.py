@@ -14,10 +14,11 @@ from runtime import config, metrics
 from runtime.launcher import resolve
 
 # JAX's CUDA plugin reads this when it creates its client (at the first use of a device, not at
-# import). Its default client launches every kernel of an executable from the calling thread, with
-# the GIL held: about 5 ms of a GPT-2 124M training step's host time, out of the time for tracing
-# the next step. The TFRT client hands the launches to a thread of its own. A value the user set
-# stays; LAZY_GPU_ASYNC_LAUNCH=0 leaves JAX's default.
+# import). Its default client launches every kernel of an executable from the calling thread (the
+# runtime's launch thread); the TFRT client hands the launches to a thread of its own. Before the
+# launch thread, that took about 5 ms of a GPT-2 124M step's call off the tracing thread; with it,
+# the TFRT client slowed tracing instead (config.GPU_ASYNC_LAUNCH). LAZY_GPU_ASYNC_LAUNCH=1 asks
+# for it; a value the user set stays.
 if config.GPU_ASYNC_LAUNCH:
     os.environ.setdefault("XLA_PYTHON_CLIENT_USE_TFRT_GPU_CLIENT", "1")
 

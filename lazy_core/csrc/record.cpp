@@ -568,9 +568,10 @@ PyObject* foreach_outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 
 // update(op, values, attrs, targets): the Python path's record_update (lazy_torch/dispatch.py).
 // One ``op`` node over the operands of ``values`` (lazy tensors, other tensors as foreign
-// operands, nodes, Python numbers; one operand each, equal numbers too), with ``arg`` ((markers, *attrs), ()); its output k becomes
-// the value of lazy tensor targets[k], in its shape and dtype. True once recorded; None, with
-// nothing recorded, where the Python path must do it (it raises the errors).
+// operands, nodes, Python numbers; one operand each, equal numbers too), with ``arg``
+// ((markers, *attrs), ()); its output k becomes the value of lazy tensor targets[k], in its
+// shape and dtype. True once recorded; None, with nothing recorded, where the Python path must
+// do it (it raises the errors).
 PyObject* update(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     if (nargs != 4 || !PyList_CheckExact(argv[1]) || !PyTuple_CheckExact(argv[2]) ||
         !PyList_CheckExact(argv[3])) {

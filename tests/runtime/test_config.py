@@ -12,9 +12,10 @@ _PROBE = "import runtime, os; print(os.environ.get('XLA_PYTHON_CLIENT_USE_TFRT_G
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({}, "1"),  # JAX's CUDA client launches kernels on a thread of its own
-        ({"XLA_PYTHON_CLIENT_USE_TFRT_GPU_CLIENT": "0"}, "0"),  # the user's choice stays
-        ({"LAZY_GPU_ASYNC_LAUNCH": "0"}, "None"),  # JAX's default
+        ({}, "None"),  # JAX's default client, called from the launch thread
+        ({"LAZY_GPU_ASYNC_LAUNCH": "1"}, "1"),  # the TFRT client launches on a thread of its own
+        # the user's choice stays
+        ({"XLA_PYTHON_CLIENT_USE_TFRT_GPU_CLIENT": "0", "LAZY_GPU_ASYNC_LAUNCH": "1"}, "0"),
     ],
 )
 def test_gpu_launch_thread_setting(env, expected):
