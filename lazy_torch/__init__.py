@@ -24,14 +24,13 @@ from lazy_torch import (  # noqa: F401
     ops,
 )
 from lazy_torch.data import DeviceLoader, to_device
-from lazy_torch.foreach import declare_foreach_support, declare_fused_support
+from lazy_torch.foreach import declare_foreach_support
 from lazy_torch.rng import manual_seed
 from lazy_torch.sync import mark_step
 from lazy_torch.tensor import LazyTensor
 
 declare_foreach_support()
-declare_fused_support()
-fused.route_foreach_steps()
+fused.declare_fused_support()
 
 
 def device(index: int = 0) -> torch.device:

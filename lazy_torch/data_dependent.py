@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from lazy_torch.dispatch import check_like_eager, special
+from lazy_torch.dispatch import bound_arguments, check_like_eager, special
 from lazy_torch.tensor import to_cpu
 
 aten = torch.ops.aten
@@ -183,15 +183,7 @@ def _unique_along(func, args, kwargs):
 
 def _bound(func: Any, args: tuple, kwargs: dict) -> list:
     """Every argument of ``func`` in schema order, defaults filled in."""
-    out = []
-    for i, a in enumerate(func._schema.arguments):
-        if i < len(args):
-            out.append(args[i])
-        elif a.name in kwargs:
-            out.append(kwargs[a.name])
-        else:
-            out.append(a.default_value)
-    return out
+    return list(bound_arguments(func, args, kwargs).values())
 
 
 def _lengths(t: Any) -> list[int]:

@@ -467,6 +467,20 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
     return tuple(ops.srcs), tuple(templates), metas, ops.device, tuple(counts)
 
 
+def bound_arguments(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Every argument of a call of ``func`` by its schema name, in schema order, defaults filled
+    in."""
+    values = {}
+    for i, a in enumerate(func._schema.arguments):
+        if i < len(args):
+            values[a.name] = args[i]
+        elif a.name in kwargs:
+            values[a.name] = kwargs[a.name]
+        else:
+            values[a.name] = a.default_value
+    return values
+
+
 def record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
     """Record ``op`` as one node whose output ``k`` becomes the new value of ``targets[k]`` (in
     place; each keeps its shape and dtype): a fused optimizer step. Its operands are ``values``

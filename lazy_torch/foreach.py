@@ -167,7 +167,7 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
 _MISSING = object()
 
 
-def _add_lazy(name: str, modules: tuple) -> None:
+def add_lazy(name: str, modules: tuple) -> None:
     """Make each module's ``name`` (a function listing supported device types, which has no
     registration hook) list ``lazy`` too."""
     for module in modules:
@@ -194,11 +194,4 @@ def declare_foreach_support() -> None:
     for types in (_foreach_utils._foreach_supported_types, optimizer._foreach_supported_types):
         if LazyTensor not in types:
             types.append(LazyTensor)
-    _add_lazy("_get_foreach_kernels_supported_devices", (_foreach_utils, optimizer, swa_utils))
-
-
-def declare_fused_support() -> None:
-    """Let ``fused=True`` optimizers (Adam, AdamW, SGD) take lazy parameters, as they take CUDA
-    ones (fused.py records their steps): they check ``_get_fused_kernels_supported_devices``."""
-    optimizer = importlib.import_module("torch.optim.optimizer")
-    _add_lazy("_get_fused_kernels_supported_devices", (_foreach_utils, optimizer))
+    add_lazy("_get_foreach_kernels_supported_devices", (_foreach_utils, optimizer, swa_utils))

@@ -585,13 +585,14 @@ PyObject* update(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     bool ok = ops.srcs && ops.keys && metas;
     for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(values); i++) {
         PyObject* v = PyList_GET_ITEM(values, i);
-        int kind = number_kind(v);
-        Ref added;
         if (Py_TYPE(v) == &NodeType) {
             Py_INCREF(v);
             ok = append(ops.srcs.p, v);
             continue;
-        } else if (kind >= 0) {
+        }
+        int kind = number_kind(v);
+        Ref added;
+        if (kind >= 0) {
             added.p = scalar_operand(ops, v, kind, false);
         } else if (PyObject_TypeCheck(v, (PyTypeObject*)cfg.tensor_type)) {
             added.p = lazy_operand(ops, v);
