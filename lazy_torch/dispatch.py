@@ -21,7 +21,7 @@ from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
 from lazy_torch.foreach import foreach_handler
-from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, meta_of, wrap
+from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, make_wrapper, meta_of, wrap
 from lazy_torch.views import STORAGE_RELATIVE, VIEWS
 
 Handler = Callable[[Any, tuple, dict], Any]
@@ -759,7 +759,7 @@ if _native is not None:
         foreign=_cpu_scalar,
         operands=OPERANDS,
         view_cache=_view_cache,
-        make_wrapper=torch.Tensor._make_wrapper_subclass,
+        make_wrapper=make_wrapper,
         devices=tuple(DEVICES),
         str_types=_STR_TYPES,
         getitem_op=GETITEM,

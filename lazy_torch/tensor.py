@@ -11,11 +11,14 @@ import torch
 import runtime
 from lazy_core import Node, Storage, View, data_leaf
 from lazy_core.ir import _native as _built_native
+from lazy_torch import _wrapper
 from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy
 from lazy_torch.sync import sync
 
 # The per-op fast path in C, unless it was not built or LAZY_NATIVE=0 turns it off.
 _native: Any = _built_native if runtime.config.NATIVE else None
+# Makes each lazy tensor's wrapper: in C++ when it builds (_wrapper.py), else PyTorch's own.
+make_wrapper = (runtime.config.NATIVE and _wrapper.load()) or torch.Tensor._make_wrapper_subclass
 
 # Shape, strides, storage offset and dtype as eager PyTorch would report them.
 Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]
@@ -42,7 +45,7 @@ class LazyTensor(torch.Tensor):
         device = DEVICES[view.device]
         # Keyword arguments cost their parsing: the common dense case passes only what it must.
         if offset or requires_grad or stride != _dense_stride(shape):
-            r = torch.Tensor._make_wrapper_subclass(
+            r = make_wrapper(
                 cls,
                 shape,
                 strides=stride,
@@ -52,7 +55,7 @@ class LazyTensor(torch.Tensor):
                 requires_grad=requires_grad,
             )
         else:
-            r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device)
+            r = make_wrapper(cls, shape, dtype=dtype, device=device)
         r._lazy = view
         r._meta = meta
         return r

@@ -20,7 +20,8 @@ DUMP_DIR: str = os.environ.get("LAZY_DUMP_DIR", "").strip()
 CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
 # Donate the buffers a mark_step overwrites (parameters, optimizer state) to its outputs.
 DONATE: bool = _flag("LAZY_DONATE", default=True)
-# Record common ops in C (lazy_core/csrc) when it is built; 0 keeps every op in Python.
+# Record common ops in C (lazy_core/csrc) when it is built, and make lazy tensors' wrappers in C++
+# (lazy_torch/csrc, built at first import); 0 keeps every op in Python and uses PyTorch's wrapper.
 NATIVE: bool = _flag("LAZY_NATIVE", default=True)
 # On GPUs, ask JAX's CUDA plugin for its TFRT client, which launches an executable's kernels from a
 # thread of its own (device.py). Off by default: executables are called from the launch thread

@@ -1,0 +1,172 @@
+// Wrapper tensors of device 'lazy', made in C++ (lazy_torch/_wrapper.py builds and loads this).
+//
+// make_wrapper(cls, shape, *, strides=None, storage_offset=None, dtype, device,
+//              requires_grad=False)
+// makes what torch.Tensor._make_wrapper_subclass makes for those arguments: a storage-less
+// TensorImpl of the device's dispatch key with the Python keys, wrapped as an instance of ``cls``.
+// PyTorch's version goes through its general argument parser, most of its time per call; every
+// op on a lazy tensor makes one or more of these, so this one reads exactly what lazy_torch
+// passes and nothing else.
+
+#include <Python.h>
+
+#include <ATen/core/TensorBase.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Storage.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace {
+
+using Ints = c10::SmallVector<int64_t, 6>;
+
+PyObject *s_strides, *s_storage_offset, *s_dtype, *s_device, *s_requires_grad;
+
+bool ints(PyObject* seq, Ints& out, const char* what) {
+    if (!PyTuple_Check(seq) && !PyList_Check(seq)) {
+        PyErr_Format(PyExc_TypeError, "make_wrapper(): %s must be a tuple of ints, not %s", what,
+                     Py_TYPE(seq)->tp_name);
+        return false;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    out.resize(n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyLong_Check(items[i])) {
+            PyErr_Format(PyExc_TypeError, "make_wrapper(): %s must be a tuple of ints, not %s",
+                         what, Py_TYPE(items[i])->tp_name);
+            return false;
+        }
+        out[i] = PyLong_AsLongLong(items[i]);
+        if (out[i] == -1 && PyErr_Occurred()) return false;
+    }
+    return true;
+}
+
+bool is(PyObject* name, PyObject* interned) {
+    return name == interned || PyUnicode_Compare(name, interned) == 0;
+}
+
+// Bytes a tensor of these sizes and strides spans from the start of its storage.
+int64_t span(const Ints& sizes, const Ints& strides, int64_t offset, int64_t itemsize) {
+    int64_t last = offset;
+    for (size_t i = 0; i < sizes.size(); i++) {
+        if (sizes[i] == 0) return 0;
+        last += (sizes[i] - 1) * strides[i];
+    }
+    return (last + 1) * itemsize;
+}
+
+PyObject* make(PyTypeObject* cls, const Ints& sizes, const Ints* strides, int64_t offset,
+               c10::ScalarType dtype, c10::Device device, bool requires_grad) {
+    Ints dense;
+    if (strides == nullptr) {
+        dense.resize(sizes.size());
+        int64_t acc = 1;
+        for (size_t i = sizes.size(); i-- > 0;) {
+            dense[i] = acc;
+            acc *= sizes[i] > 1 ? sizes[i] : 1;
+        }
+    }
+    const Ints& st = strides ? *strides : dense;
+    auto meta = c10::scalarTypeToTypeMeta(dtype);
+    c10::Storage storage(c10::Storage::use_byte_size_t{},
+                         span(sizes, st, offset, static_cast<int64_t>(meta.itemsize())),
+                         c10::DataPtr(nullptr, device), c10::GetAllocator(c10::kMeta),
+                         /*resizable=*/true);
+    auto key = c10::computeDispatchKey(dtype, c10::kStrided, device);
+    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage),
+                                                     c10::DispatchKeySet(key), meta);
+    if (strides == nullptr && offset == 0)
+        impl->set_sizes_contiguous(sizes);
+    else
+        impl->set_sizes_and_strides(sizes, st, offset);
+    impl->set_python_dispatch(true);  // ops reach the class's __torch_dispatch__
+    at::TensorBase tensor(std::move(impl));
+    if (requires_grad) tensor.set_requires_grad(true);
+    return THPVariable_Wrap(tensor, cls);
+}
+
+PyObject* make_wrapper(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "make_wrapper() takes 2 positional arguments (%zd given)",
+                     nargs);
+        return nullptr;
+    }
+    PyObject *strides = Py_None, *offset = Py_None, *dtype = nullptr, *device = nullptr;
+    PyObject* requires_grad = Py_False;
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+        PyObject* value = args[nargs + k];
+        if (is(name, s_dtype)) dtype = value;
+        else if (is(name, s_device)) device = value;
+        else if (is(name, s_strides)) strides = value;
+        else if (is(name, s_storage_offset)) offset = value;
+        else if (is(name, s_requires_grad)) requires_grad = value;
+        else {
+            PyErr_Format(PyExc_TypeError, "make_wrapper() got an unexpected keyword argument '%U'",
+                         name);
+            return nullptr;
+        }
+    }
+    PyObject* cls = args[0];
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject*)cls,
+                                                (PyTypeObject*)THPVariableClass)) {
+        PyErr_SetString(PyExc_TypeError, "make_wrapper(): cls must be a torch.Tensor subclass");
+        return nullptr;
+    }
+    if (dtype == nullptr || !THPDtype_Check(dtype) || device == nullptr ||
+        !THPDevice_Check(device)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "make_wrapper(): dtype (a torch.dtype) and device (a torch.device) are "
+                        "required");
+        return nullptr;
+    }
+    Ints sizes, given;
+    if (!ints(args[1], sizes, "shape")) return nullptr;
+    if (strides != Py_None && !ints(strides, given, "strides")) return nullptr;
+    if (strides != Py_None && given.size() != sizes.size()) {
+        PyErr_SetString(PyExc_ValueError, "make_wrapper(): shape and strides differ in length");
+        return nullptr;
+    }
+    int64_t start = offset == Py_None ? 0 : PyLong_AsLongLong(offset);
+    if (start == -1 && PyErr_Occurred()) return nullptr;
+    int grad = PyObject_IsTrue(requires_grad);
+    if (grad < 0) return nullptr;
+    try {
+        return make((PyTypeObject*)cls, sizes, strides == Py_None ? nullptr : &given, start,
+                    reinterpret_cast<THPDtype*>(dtype)->scalar_type,
+                    reinterpret_cast<THPDevice*>(device)->device, grad != 0);
+    } catch (const c10::Error& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    return nullptr;
+}
+
+PyMethodDef methods[] = {
+    {"make_wrapper", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_wrapper)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "make_wrapper(cls, shape, *, strides=None, storage_offset=None, dtype, device, "
+     "requires_grad=False): torch.Tensor._make_wrapper_subclass for these arguments"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "lazy_torch_wrapper", nullptr, -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_lazy_torch_wrapper() {
+    s_strides = PyUnicode_InternFromString("strides");
+    s_storage_offset = PyUnicode_InternFromString("storage_offset");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_device = PyUnicode_InternFromString("device");
+    s_requires_grad = PyUnicode_InternFromString("requires_grad");
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,105 @@
+"""The C++ ``make_wrapper`` (lazy_torch/csrc/wrapper.cpp) against PyTorch's
+``_make_wrapper_subclass``, its errors, and the build's fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import runtime
+from lazy_torch import _wrapper
+from lazy_torch.tensor import LazyTensor, _native, make_wrapper
+
+DEVICE = torch.device("lazy", 0)
+built = make_wrapper is not torch.Tensor._make_wrapper_subclass
+needs_build = pytest.mark.skipif(not built, reason="the wrapper extension is not in use")
+
+
+def _describe(t: torch.Tensor) -> tuple:
+    return (
+        type(t), t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.layout,
+        t.requires_grad, t.is_leaf, t.is_contiguous(), str(torch._C._dispatch_keys(t)),
+        t.untyped_storage().nbytes(),
+    )  # fmt: skip
+
+
+def test_in_use_wherever_the_native_fast_path_is():
+    # Both need only a C++ compiler, so a machine that built one builds the other.
+    if runtime.config.NATIVE and _native is not None:
+        assert built
+
+
+@needs_build
+@pytest.mark.parametrize(
+    "shape, extra",
+    [
+        ((2, 3), {}),
+        ((), {}),
+        ((0, 4), {}),
+        ((5, 1, 7), {"requires_grad": True}),
+        ((2, 3), {"strides": (1, 2), "storage_offset": 1}),
+        ((4, 3), {"strides": (0, 1), "storage_offset": 0}),  # expanded
+        ((3, 0), {"strides": (1, 3), "storage_offset": 5}),
+        ((2, 2), {"strides": (2, 1), "storage_offset": 3, "requires_grad": True}),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_matches_make_wrapper_subclass(shape, extra, dtype):
+    made = []
+    for make in (make_wrapper, torch.Tensor._make_wrapper_subclass):
+        try:
+            made.append(_describe(make(LazyTensor, shape, dtype=dtype, device=DEVICE, **extra)))
+        except RuntimeError as e:  # integer tensors that require grad
+            made.append(str(e))
+    assert made[0] == made[1]
+
+
+@needs_build
+def test_the_class_sees_its_ops():
+    calls = []
+
+    class Seen(torch.Tensor):
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return make_wrapper(cls, args[0].shape, dtype=args[0].dtype, device=DEVICE)
+
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+    t = make_wrapper(Seen, (3,), dtype=torch.float32, device=DEVICE)
+    out = t + t
+    assert type(out) is Seen and calls == [torch.ops.aten.add.Tensor]
+
+
+@needs_build
+@pytest.mark.parametrize(
+    "args, kwargs, error, match",
+    [
+        ((int, (2,)), {}, TypeError, "cls must be a torch.Tensor subclass"),
+        ((LazyTensor, (2,)), {"device": DEVICE}, TypeError, "dtype"),
+        ((LazyTensor, (2,)), {"dtype": torch.float32, "device": "lazy"}, TypeError, "device"),
+        ((LazyTensor, (2, "a")), {}, TypeError, "shape must be a tuple of ints"),
+        ((LazyTensor, 2), {}, TypeError, "shape must be a tuple of ints"),
+        ((LazyTensor, (2, 3)), {"strides": (1,)}, ValueError, "differ in length"),
+        ((LazyTensor, (2,)), {"pin_memory": True}, TypeError, "unexpected keyword"),
+        ((LazyTensor,), {}, TypeError, "2 positional arguments"),
+    ],
+)
+def test_bad_arguments(args, kwargs, error, match):
+    full = {"dtype": torch.float32, "device": DEVICE}
+    if "device" in kwargs and "dtype" not in kwargs:
+        full = {}
+    with pytest.raises(error, match=match):
+        make_wrapper(*args, **{**full, **kwargs})
+
+
+def test_a_failed_build_falls_back_once(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("LAZY_EXTENSION_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
+    with pytest.warns(UserWarning, match="could not be built"):
+        assert _wrapper.load() is None
+    assert "building wrapper.cpp" in capfd.readouterr().err
+    assert len(list(tmp_path.glob("*.failed"))) == 1
+    with pytest.warns(UserWarning, match="could not be built"):
+        assert _wrapper.load() is None
+    assert capfd.readouterr().err == ""  # not tried again for the same torch and source
