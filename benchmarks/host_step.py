@@ -1,7 +1,7 @@
 """Host time of a training step with the structure of a large model and tiny tensors.
 
 PYTHONPATH=. python benchmarks/host_step.py [--layers 12] [--steps 40] [--amp] [--gc-freeze]
-    [--eager cpu|cuda]
+    [--eager cpu|cuda] [--torch-wrapper]
 
 GPT-2 (transformers) with ``--layers`` blocks of width 48, AdamW, batch 1 x 64 on device='lazy':
 the device work is negligible, so a step's time is the host's (tracing plus mark_step). Prints
@@ -14,6 +14,9 @@ instead of the C fast path. Compare two checkouts by running it with PYTHONPATH 
 steps with lazy's, and prints each backend's median host time per step and per aten op, with the
 share of the ops that are views (metadata only: in eager no kernel runs for them, while every op
 on a Python tensor subclass goes through PyTorch's Python key and makes a new tensor).
+``--torch-wrapper`` also runs lazy's step with lazy tensors' wrappers made by PyTorch's
+``_make_wrapper_subclass`` instead of ``lazy_torch/csrc/wrapper.cpp``, alternating blocks of five
+steps in the same process, and prints the ratio of the two medians.
 """
 
 from __future__ import annotations
@@ -78,8 +81,28 @@ def _model_step(device: str, amp: bool, layers: int) -> Callable[[], None]:
     return step
 
 
+TORCH_WRAPPER = "lazy, torch wrapper"
+
+
+def _with_torch_wrapper(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with lazy tensors' wrappers made by PyTorch's ``_make_wrapper_subclass`` instead
+    of the C++ one (lazy_torch/csrc/wrapper.cpp)."""
+    from lazy_torch import dispatch, tensor
+
+    ours = tensor.make_wrapper
+
+    def wrapped() -> None:
+        dispatch.use_wrapper(torch.Tensor._make_wrapper_subclass)
+        try:
+            step()
+        finally:
+            dispatch.use_wrapper(ours)
+
+    return wrapped
+
+
 def _wait(device: str) -> None:
-    if device == "lazy":
+    if device.startswith("lazy"):
         lazy_torch.wait_device_ops()
     elif device == "cuda":
         torch.cuda.synchronize()
@@ -113,9 +136,17 @@ def main() -> None:
         "--gc-freeze", action="store_true", help="gc.freeze() after warm-up (README: host time)"
     )
     parser.add_argument("--eager", help="also run the step on eager PyTorch on this device")
+    parser.add_argument(
+        "--torch-wrapper",
+        action="store_true",
+        help="also run lazy's step with PyTorch's wrapper function, alternating blocks",
+    )
     args = parser.parse_args()
     devices = ["lazy"] + ([args.eager] if args.eager else [])
     steps = {d: _model_step(d, args.amp, args.layers) for d in devices}
+    if args.torch_wrapper:
+        steps[TORCH_WRAPPER] = _with_torch_wrapper(steps["lazy"])
+        devices.append(TORCH_WRAPPER)
     for device, step in steps.items():
         for _ in range(5):
             step()
@@ -150,11 +181,14 @@ def main() -> None:
     for device in devices:
         count, views = ops[device]
         median = statistics.median(times[device])
-        name = "lazy" if device == "lazy" else f"eager {device}"
+        name = device if device.startswith("lazy") else f"eager {device}"
         print(
-            f"{name:11s} median host {median * 1e3:6.2f} ms per step, {count} aten ops "
+            f"{name:19s} median host {median * 1e3:6.2f} ms per step, {count} aten ops "
             f"({views} views), {median / count * 1e6:5.2f} us per op"
         )
+    if args.torch_wrapper:
+        ratio = statistics.median(times["lazy"]) / statistics.median(times[TORCH_WRAPPER])
+        print(f"lazy / lazy with PyTorch's wrapper function: {ratio:.3f}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from lazy_core import Node, NotWritable, Storage, constant, getitem, scalar_leaf
 from lazy_core.ir import GETITEM, OPERANDS, Elements, operand, operands
 from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
+from lazy_torch import tensor as _tensor
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
 from lazy_torch.foreach import foreach_handler
 from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, make_wrapper, meta_of, wrap
@@ -744,23 +745,31 @@ def _resolve(func: Any) -> Handler:
     return _fallback.run
 
 
-if _native is not None:
-    _native.configure(
-        tensor_type=LazyTensor,
-        foreign_type=torch.Tensor,
-        fallback=dispatch,
-        flags=vars(_sites),
-        meta_cache=_meta_cache,
-        constants=_constants,
-        dtype_names=DTYPE_NAMES,
-        scalar_leaf=scalar_leaf,
-        storage=Storage,
-        wrap=wrap,
-        foreign=_cpu_scalar,
-        operands=OPERANDS,
-        view_cache=_view_cache,
-        make_wrapper=make_wrapper,
-        devices=tuple(DEVICES),
-        str_types=_STR_TYPES,
-        getitem_op=GETITEM,
-    )
+def use_wrapper(make: Callable) -> None:
+    """Make lazy tensors' wrappers with ``make``, a function with the signature of
+    ``torch.Tensor._make_wrapper_subclass`` (``host_step.py --torch-wrapper`` compares the C++ one
+    with PyTorch's)."""
+    _tensor.make_wrapper = make
+    if _native is not None:
+        _native.configure(
+            tensor_type=LazyTensor,
+            foreign_type=torch.Tensor,
+            fallback=dispatch,
+            flags=vars(_sites),
+            meta_cache=_meta_cache,
+            constants=_constants,
+            dtype_names=DTYPE_NAMES,
+            scalar_leaf=scalar_leaf,
+            storage=Storage,
+            wrap=wrap,
+            foreign=_cpu_scalar,
+            operands=OPERANDS,
+            view_cache=_view_cache,
+            make_wrapper=make,
+            devices=tuple(DEVICES),
+            str_types=_STR_TYPES,
+            getitem_op=GETITEM,
+        )
+
+
+use_wrapper(make_wrapper)
