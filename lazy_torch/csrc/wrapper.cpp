@@ -129,6 +129,13 @@ PyObject* make_wrapper(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObj
     }
     Ints sizes, given;
     if (!ints(args[1], sizes, "shape")) return nullptr;
+    for (int64_t n : sizes) {
+        if (n < 0) {
+            PyErr_Format(PyExc_ValueError, "make_wrapper(): negative dimension %lld",
+                         static_cast<long long>(n));
+            return nullptr;
+        }
+    }
     if (strides != Py_None && !ints(strides, given, "strides")) return nullptr;
     if (strides != Py_None && given.size() != sizes.size()) {
         PyErr_SetString(PyExc_ValueError, "make_wrapper(): shape and strides differ in length");

@@ -81,6 +81,7 @@ def test_the_class_sees_its_ops():
         ((LazyTensor, (2, "a")), {}, TypeError, "shape must be a tuple of ints"),
         ((LazyTensor, 2), {}, TypeError, "shape must be a tuple of ints"),
         ((LazyTensor, (2, 3)), {"strides": (1,)}, ValueError, "differ in length"),
+        ((LazyTensor, (2, -1)), {}, ValueError, "negative dimension"),
         ((LazyTensor, (2,)), {"pin_memory": True}, TypeError, "unexpected keyword"),
         ((LazyTensor,), {}, TypeError, "2 positional arguments"),
     ],
