@@ -28,14 +28,15 @@ from pathlib import Path
 
 import torch
 
+import runtime
+
 _SOURCE = Path(__file__).with_name("csrc") / "wrapper.cpp"
 _NAME = "lazy_torch_wrapper"  # the module name its PyInit_ function is named after
 
 
 def _cache_dir() -> Path:
-    given = os.environ.get("LAZY_EXTENSION_DIR", "").strip()
-    if given:
-        return Path(given)
+    if runtime.config.EXTENSION_DIR:
+        return Path(runtime.config.EXTENSION_DIR)
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache"
     return Path(base) / "lazy_torch"
 

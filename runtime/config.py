@@ -23,6 +23,9 @@ DONATE: bool = _flag("LAZY_DONATE", default=True)
 # Record common ops in C (lazy_core/csrc) when it is built, and make lazy tensors' wrappers in C++
 # (lazy_torch/csrc, built at first import); 0 keeps every op in Python and uses PyTorch's wrapper.
 NATIVE: bool = _flag("LAZY_NATIVE", default=True)
+# Where lazy_torch/_wrapper.py keeps the C++ wrapper module it builds at first import; empty means
+# $XDG_CACHE_HOME/lazy_torch, else ~/.cache/lazy_torch.
+EXTENSION_DIR: str = os.environ.get("LAZY_EXTENSION_DIR", "").strip()
 # On GPUs, ask JAX's CUDA plugin for its TFRT client, which launches an executable's kernels from a
 # thread of its own (device.py). Off by default: executables are called from the launch thread
 # (launcher.py), and with the TFRT client the tracing thread ran slower (H100, GPT-2 124M bf16,

@@ -95,7 +95,7 @@ def test_bad_arguments(args, kwargs, error, match):
 
 
 def test_a_failed_build_falls_back_once(tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv("LAZY_EXTENSION_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime.config, "EXTENSION_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a compiler that always fails
     with pytest.warns(UserWarning, match="could not be built"):
         assert _wrapper.load() is None
