@@ -22,7 +22,7 @@ from lazy_torch import sites as _sites
 from lazy_torch import tensor as _tensor
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
 from lazy_torch.foreach import foreach_handler
-from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, make_wrapper, meta_of, wrap
+from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, meta_of, wrap
 from lazy_torch.views import STORAGE_RELATIVE, VIEWS
 
 Handler = Callable[[Any, tuple, dict], Any]
@@ -750,6 +750,11 @@ def use_wrapper(make: Callable) -> None:
     ``torch.Tensor._make_wrapper_subclass`` (``host_step.py --torch-wrapper`` compares the C++ one
     with PyTorch's)."""
     _tensor.make_wrapper = make
+    _configure_native()
+
+
+def _configure_native() -> None:
+    """Hand the C fast path what it calls back into; ``tensor.make_wrapper`` makes its tensors."""
     if _native is not None:
         _native.configure(
             tensor_type=LazyTensor,
@@ -765,11 +770,11 @@ def use_wrapper(make: Callable) -> None:
             foreign=_cpu_scalar,
             operands=OPERANDS,
             view_cache=_view_cache,
-            make_wrapper=make,
+            make_wrapper=_tensor.make_wrapper,
             devices=tuple(DEVICES),
             str_types=_STR_TYPES,
             getitem_op=GETITEM,
         )
 
 
-use_wrapper(make_wrapper)
+_configure_native()

@@ -15,6 +15,7 @@
 #include "native.h"
 
 #include <cmath>
+#include <initializer_list>
 
 namespace lazy_native {
 
@@ -203,6 +204,13 @@ bool is_dense(PyObject* shape, PyObject* stride) {
     return true;
 }
 
+PyObject* interned_names(std::initializer_list<const char*> names) {
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(names.size()));
+    Py_ssize_t i = 0;
+    for (const char* name : names) PyTuple_SET_ITEM(t, i++, PyUnicode_InternFromString(name));
+    return t;
+}
+
 // A new tensor holding ``view`` on device ``device`` (the Python path's wrap). A dense tensor at
 // offset 0 passes only what it must: keyword arguments cost their parsing.
 PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device) {
@@ -215,9 +223,11 @@ PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device) {
         PyObject* wrap_args[2] = {view, meta};
         return PyObject_Vectorcall(cfg.wrap, wrap_args, 2, nullptr);
     }
-    static PyObject* dense_kwnames = Py_BuildValue("(ss)", "dtype", "device");
+    // Interned, as a call's keyword names in Python code are: the callee can match them by
+    // identity.
+    static PyObject* dense_kwnames = interned_names({"dtype", "device"});
     static PyObject* strided_kwnames =
-        Py_BuildValue("(ssss)", "strides", "storage_offset", "dtype", "device");
+        interned_names({"strides", "storage_offset", "dtype", "device"});
     PyObject* dtype = PyTuple_GET_ITEM(meta, 3);
     PyObject* dev = PyTuple_GET_ITEM(cfg.devices, index);
     bool dense = PyLong_AsLong(offset) == 0 && is_dense(shape, stride);
