@@ -95,6 +95,7 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
             defer_checks=cause == "mark_step",
             site=site,
             partners=partners,
+            held=held,
         )
         settle(group, graph.roots, outputs)
 

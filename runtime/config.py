@@ -20,6 +20,13 @@ DUMP_DIR: str = os.environ.get("LAZY_DUMP_DIR", "").strip()
 CACHE_DIR: str = os.environ.get("LAZY_CACHE_DIR", "").strip()
 # Donate the buffers a mark_step overwrites (parameters, optimizer state) to its outputs.
 DONATE: bool = _flag("LAZY_DONATE", default=True)
+# With DONATE, also give each mark_step the outputs of the previous one that no tensor holds any
+# more (gradients set to None) to write its outputs into (runtime/donation.py), so a training loop's
+# outputs stay in the same buffers: 1 or 0; unset means on for GPUs, whose command buffers (CUDA
+# graphs) re-record every kernel that touches a moved buffer, and off elsewhere, where it saved no
+# step time and costs a loop whose first step is its steady one a second compile. A dead output's
+# memory is released at the next mark_step instead of at once.
+RECYCLE: bool | None = _flag("LAZY_RECYCLE", default=None)
 # Record common ops in C (lazy_core/csrc) when it is built, and make lazy tensors' wrappers in C++
 # (lazy_torch/csrc, built at first import); 0 keeps every op in Python and uses PyTorch's wrapper.
 NATIVE: bool = _flag("LAZY_NATIVE", default=True)

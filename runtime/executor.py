@@ -23,7 +23,8 @@ from lazy_core.dump import ir_text
 from lazy_core.graph import Graph, key_text
 from runtime import config, history, metrics
 from runtime.device import device
-from runtime.launcher import Deferred, Launch, Launcher, is_ready, resolve
+from runtime.donation import Pairings, Spares
+from runtime.launcher import Launch, Launcher, failed, is_ready, resolve
 from runtime.program import ParamLayout, build_function
 
 
@@ -53,6 +54,8 @@ def _restorer(order: tuple[int, ...]) -> Callable[[list], tuple]:
 
 
 _cache: dict[Any, Executable] = {}
+_pairings = Pairings()
+_spares = Spares()
 _launcher = Launcher()
 _in_flight: list[Any] = []  # the outputs of the last launch
 # Asynchronous launches whose failure, if any, the next barrier has not raised yet.
@@ -133,14 +136,24 @@ def _lower(
     device_index: int,
     donate: tuple[int, ...],
     order: tuple[int, ...] | None = None,
+    spares: tuple = (),
 ) -> tuple:
     outputs = graph.outputs()
     if order is not None:
         outputs = tuple(outputs[k] for k in order)
     fn = build_function(plan, outputs, layout)
-    jitted = jax.jit(fn, donate_argnums=layout.arguments(donate))
-    lowered = jitted.lower(*_param_specs(graph, layout, device_index))
-    return lowered, fn.errors
+    specs = _param_specs(graph, layout, device_index)
+    argnums = layout.arguments(donate)
+    if spares:  # unused arguments after the parameters', donated (donation.py)
+        n = len(specs)
+        sharding = jax.sharding.SingleDeviceSharding(device(device_index))
+        specs += [
+            jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype), sharding=sharding)
+            for shape, dtype in spares
+        ]
+        argnums += tuple(range(n, len(specs)))
+    jitted = jax.jit(fn, donate_argnums=argnums, keep_unused=bool(spares))
+    return jitted.lower(*specs), fn.errors
 
 
 def _compile(
@@ -150,13 +163,14 @@ def _compile(
     cause: str,
     site: str,
     order: tuple[int, ...] | None = None,
+    spares: tuple = (),
 ) -> Executable:
     start = time.perf_counter()
     plan = graph.plan()
     layout = _layout(graph)
     lowered = None
     try:
-        lowered, errors = _lower(graph, plan, layout, device_index, donate, order)
+        lowered, errors = _lower(graph, plan, layout, device_index, donate, order, spares)
         lowered_at = time.perf_counter()
         hits = _persistent_hits[0]
         compiled = lowered.compile()
@@ -168,7 +182,7 @@ def _compile(
     metrics.count("persistent_cache_hits" if persistent else "compiles")
     metrics.time("compile_time", end - start)
     metrics.time("lowering_time", lowered_at - start)
-    reason = history.record(site, graph, plan, donate, order)
+    reason = history.record(site, graph, plan, donate, order, len(spares))
     if reason:
         metrics.count("recompiles")
     e = metrics.GraphEvent(
@@ -198,6 +212,59 @@ def _dump(graph: Graph, lowered: Any, header: str) -> None:
             f.write(lowered.as_text())
 
 
+def _recycles(device_index: int) -> bool:
+    """Whether full barriers on this device get spare buffers (``config.RECYCLE``)."""
+    if config.RECYCLE is not None:
+        return config.RECYCLE
+    return device(device_index).platform not in ("cpu", "tpu")
+
+
+def _donation(
+    graph: Graph,
+    device_index: int,
+    donate: tuple[int, ...],
+    partners: dict[int, int] | None,
+    held: set[int] | None,
+) -> tuple[tuple[int, ...], tuple[int, ...] | None, tuple, list]:
+    """The donated parameters an executable keeps, the order it returns its roots in, and the
+    slots and values of its spare arguments (``held``: see run_graph; None for no spares). A
+    graph gets spares at its first compile only, and later the same roots get them
+    (donation.Spares)."""
+    partners = dict(partners or {})
+    offer = None if held is None else _spares.offer(device_index, graph, held, _constant_buffers)
+    roots = _spares.roots.get(graph.key)
+    if offer is None or roots == ():
+        if not partners:
+            return donate, None, (), []
+        return (*_pairings(graph, donate, partners, ()), (), [])
+    n = len(graph.params)
+    if roots is None:  # a first compile: each spare to the root it wrote, or one of its slot
+        values, slots = offer.values, tuple(offer.slots)
+        partners.update((n + j, k) for j, k in offer.roots.items())
+    else:
+        picks = offer.for_roots(graph, roots)
+        slots = tuple((graph.roots[k].shape, graph.roots[k].dtype) for k in roots)
+        values = [
+            offer.values[j] if j is not None else _blank(slot, device_index)
+            for j, slot in zip(picks, slots)
+        ]
+        partners.update((n + j, k) for j, k in enumerate(roots))
+    kept, order = _pairings(graph, (*donate, *range(n, n + len(values))), partners, slots)
+    spares = [i - n for i in kept if i >= n]
+    return (
+        tuple(i for i in kept if i < n),
+        order,
+        tuple(slots[j] for j in spares),
+        [values[j] for j in spares],
+    )
+
+
+def _blank(slot: tuple, device_index: int) -> jax.Array:
+    """A new buffer of ``slot`` (shape, dtype) on the device, for a spare argument."""
+    shape, dtype = slot
+    return jax.numpy.zeros(shape, jax.numpy.dtype(dtype), device=device(device_index))
+
+
 def _param_values(graph: Graph, layout: ParamLayout) -> list[Any]:
     params = graph.params
     values = [params[i].payload for i in layout.data]
@@ -216,6 +283,7 @@ def run_graph(
     defer_checks: bool = False,
     site: str = "<unknown>",
     partners: dict[int, int] | None = None,
+    held: set[int] | None = None,
 ) -> tuple[jax.Array, ...]:
     """Run ``graph`` on device ``device_index``; returns its root buffers (``Deferred`` while
     an asynchronous launch is queued: ``resolve`` reads them).
@@ -223,8 +291,11 @@ def run_graph(
     ``graph.key`` must include the device (``cut_graph``'s salt). ``donate`` lists parameters
     whose buffers the caller will never read again (none of ``reused_buffers()``): XLA may reuse
     them for outputs, and ``partners`` maps a donated parameter to the root that should reuse its
-    buffer (the new value of what it held). ``cause`` and ``site`` (the user's ``file:line``) say
-    what cut the graph, for metrics and LAZY_DEBUG.
+    buffer (the new value of what it held). At a full barrier, ``held`` holds the ids of the
+    buffers live storages hold: the outputs of the device's previous full barrier outside it go
+    to this graph's outputs as spare buffers (donation.py; ``LAZY_RECYCLE``).
+    ``cause`` and ``site`` (the user's ``file:line``) say what cut the graph, for metrics and
+    LAZY_DEBUG.
 
     A graph with runtime checks waits for them and raises eager's error (an out-of-range index,
     an integer division by zero) before returning, so the caller keeps every previous value; with
@@ -232,7 +303,7 @@ def run_graph(
     """
     if not graph.params:
         found = _constant_results.get(graph.key)
-        if found is not None and _failed(found[0]):
+        if found is not None and failed(found[0]):
             _forget_constant(graph.key)  # its launch failed: run the graph again
             found = None
         if found is not None:
@@ -244,17 +315,21 @@ def run_graph(
                     metrics.GraphEvent("execute", cause, site, graph.key, n, 0.0, "reuse")
                 )
             return found
-    order = None
-    if partners:
-        donate, order = _cached_pairing(graph, donate, partners)
-    key = (graph.key, donate, order)
+    recycles = held is not None and _recycles(device_index)
+    donate, order, spares, spare_values = _donation(
+        graph, device_index, donate, partners, held if recycles else None
+    )
+    key = (graph.key, donate, order, spares)
     exe = _cache.get(key)
     hit = exe is not None
     if hit:
         metrics.count("cache_hits")
     else:
-        exe = _cache[key] = _compile(graph, device_index, donate, cause, site, order)
-    values = _param_values(graph, exe.layout)
+        exe = _cache[key] = _compile(graph, device_index, donate, cause, site, order, spares)
+        if recycles:  # the roots its spares go to, from now on (donation.Spares)
+            at = order or range(len(graph.roots))
+            _spares.roots.setdefault(graph.key, tuple(at[len(donate) : len(donate) + len(spares)]))
+    values = _param_values(graph, exe.layout) + spare_values
     if _launcher.threaded is None:
         threaded = config.LAUNCH_THREAD
         _launcher.threaded = device(0).platform != "cpu" if threaded is None else threaded
@@ -268,6 +343,8 @@ def run_graph(
     metrics.count("executions")
     if donate:
         metrics.count("donated_buffers", len(donate))
+    if spares:
+        metrics.count("spare_buffers", len(spares))
     metrics.size("graph_nodes", len(graph.nodes))
     if metrics.listening():
         n = len(graph.nodes)
@@ -277,6 +354,8 @@ def run_graph(
         )
     *outputs, checks = outputs
     _in_flight[:] = outputs
+    if recycles and graph.params:
+        _spares.remember(device_index, graph, outputs)
     if asynchronous:
         _launched.append(launch)
     if exe.errors:
@@ -311,63 +390,6 @@ def reused_buffers() -> set[int]:
     """Ids of the buffers that later syncs reuse as results of parameter-free graphs: never to be
     donated (the caller's ``held``; read-only)."""
     return _constant_buffers
-
-
-# (graph key, donated parameters) -> the partners and the pairing worked out last for them.
-_pairings: dict[tuple, tuple[dict[int, int], tuple]] = {}
-
-
-def _cached_pairing(
-    graph: Graph, donate: tuple[int, ...], partners: dict[int, int]
-) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    found = _pairings.get((graph.key, donate))
-    if found is not None and found[0] == partners:
-        return found[1]
-    if len(_pairings) >= 1024:
-        _pairings.clear()
-    pairing = _pairing(graph, donate, partners)
-    _pairings[(graph.key, donate)] = (partners, pairing)
-    return pairing
-
-
-def _pairing(
-    graph: Graph, donate: tuple[int, ...], partners: dict[int, int]
-) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    """The donated parameters to keep, and the order the executable returns its roots in (None:
-    their own), so that each donated buffer goes to its partner root.
-
-    JAX pairs each output, in order, with the first unused donated argument of its shape and
-    dtype. So, for each donated parameter in argument order, the order lists its partner, or else
-    the next root of its shape and dtype that no parameter claims; a parameter left with neither
-    is not donated (it would take a later parameter's partner). Every other root follows. A root
-    claimed by two parameters (two storages given one value) goes to the first.
-    """
-    roots, params = graph.roots, graph.params
-
-    def slot(n: Any) -> tuple:
-        return n.shape, n.dtype
-
-    owner: dict[int, int] = {}
-    for i in donate:
-        k = partners.get(i)
-        if k is not None and k not in owner and slot(roots[k]) == slot(params[i]):
-            owner[k] = i
-    unclaimed: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
-    for k, r in enumerate(roots):
-        if k not in owner:
-            unclaimed[slot(r)].append(k)
-    kept, order = [], []
-    for i in donate:
-        k = partners.get(i)
-        if k is None or owner.get(k) != i:
-            queue = unclaimed.get(slot(params[i]))
-            k = queue.popleft() if queue else None
-        if k is not None:
-            kept.append(i)
-            order.append(k)
-    placed = set(order)
-    order += [k for k in range(len(roots)) if k not in placed]
-    return tuple(kept), (None if order == list(range(len(roots))) else tuple(order))
 
 
 def _keep_constant(key: int, outputs: tuple) -> None:
@@ -447,7 +469,7 @@ def check_errors(wait: bool = True) -> None:
     pending = list(_unchecked)
     _unchecked.clear()
     for i, (checks, errors) in enumerate(pending):
-        if _failed(checks):
+        if failed(checks):
             continue  # the failed launch itself was raised
         if not wait and not (is_ready(checks) and resolve(checks).is_ready()):
             _unchecked.append(pending[i])
@@ -458,15 +480,11 @@ def check_errors(wait: bool = True) -> None:
                 raise bound.error(index, dim, size)
 
 
-def _failed(value: Any) -> bool:
-    return type(value) is Deferred and value.launch.done() and value.launch.error is not None
-
-
 def wait_device_ops() -> None:
     """Block until every dispatched execution has finished and has been timed (and raise what it
     reported)."""
     _launcher.drain()
-    jax.block_until_ready([resolve(o) for o in _in_flight if not _failed(o)])
+    jax.block_until_ready([resolve(o) for o in _in_flight if not failed(o)])
     _in_flight.clear()
     _timer.drain()
     check_errors()

@@ -23,6 +23,7 @@ class Compiled:
     outputs: tuple[int, ...]
     donate: tuple[int, ...]
     order: tuple[int, ...] | None  # the order the executable returns its roots in
+    spares: int  # spare buffers donated after the parameters (donation.py)
 
 
 _by_site: dict[str, collections.deque[Compiled]] = {}
@@ -34,11 +35,12 @@ def record(
     plan: tuple,
     donate: tuple[int, ...],
     order: tuple[int, ...] | None = None,
+    spares: int = 0,
 ) -> str | None:
     """Remember a graph compiled for ``site``; returns why it differs from the site's nearest
     earlier graph, or None for the site's first compile."""
     sites = tuple(n.site for n in graph.nodes)
-    new = Compiled(graph.key, plan, sites, graph.outputs(), donate, order)
+    new = Compiled(graph.key, plan, sites, graph.outputs(), donate, order, spares)
     earlier = _by_site.setdefault(site, collections.deque(maxlen=_KEEP))
     reason = _explain(new, earlier) if earlier else None
     earlier.append(new)
@@ -76,6 +78,8 @@ def _explain(new: Compiled, earlier: collections.deque[Compiled]) -> str:
         return f"{base}: same nodes, different outputs (roots {new.outputs} vs {best.outputs})"
     if new.donate != best.donate:
         return f"{base}: same nodes, different donated inputs ({new.donate} vs {best.donate})"
+    if new.spares != best.spares:
+        return f"{base}: same nodes, {new.spares} spare output buffers vs {best.spares}"
     return f"{base}: same nodes and donated inputs, each given to other outputs"
 
 

@@ -84,6 +84,11 @@ def resolve(value: Any) -> Any:
     return value
 
 
+def failed(value: Any) -> bool:
+    """Whether ``value`` is the output of a launch that raised (it has no buffer)."""
+    return type(value) is Deferred and value.launch.done() and value.launch.error is not None
+
+
 def is_ready(value: Any) -> bool:
     """Whether reading ``value`` would not wait for a launch (its device work may still run)."""
     return type(value) is not Deferred or value.launch.done()

@@ -3,7 +3,7 @@ JAX's donation pairing (each output takes the first unused donated argument of i
 dtype) gives each buffer to its partner root."""
 
 from lazy_core import Node, Operand, cut_graph, data_leaf
-from runtime.executor import _pairing
+from runtime.donation import pairing as _pairing
 
 
 def _add(a, b):
@@ -32,3 +32,16 @@ def test_a_root_claimed_by_two_parameters_goes_to_the_first():
     donate, order = _pairing(graph, (0, 1, 2), {0: 0, 1: 0, 2: 1})
     assert _jax_pairs(graph, donate, order) == {0: 0, 2: 1}
     assert order is None or sorted(order) == [0, 1]
+
+
+def test_spares_follow_the_parameters_and_go_to_their_partner_roots():
+    x, y = (data_leaf(object(), "float32", (3,)) for _ in range(2))
+    graph = cut_graph([_add(x, y), _add(y, y), _add(x, x)])  # parameters x, y; three roots
+    slot = ((3,), "float32")
+    # x donated with partner root 2; spares 2 and 3 (after the two parameters) were roots 0 and 1.
+    donate, order = _pairing(graph, (0, 2, 3), {0: 2, 2: 0, 3: 1}, (slot, slot))
+    assert donate == (0, 2, 3)
+    assert _jax_pairs(graph, donate, order) == {0: 2, 2: 0, 3: 1}
+    # A spare of a shape no root has is left out.
+    donate, order = _pairing(graph, (2,), {}, (((4,), "float32"),))
+    assert donate == () and order is None

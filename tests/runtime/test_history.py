@@ -21,9 +21,9 @@ def _add(a, b, alpha=None):
     return Node("aten.add.Tensor", (a, b), ((Operand(0), Operand(1)), kwargs), "float32", shape)
 
 
-def _record(site, roots, donate=(), order=None):
+def _record(site, roots, donate=(), order=None, spares=0):
     graph = cut_graph(roots)
-    return history.record(site, graph, graph.plan(), donate, order)
+    return history.record(site, graph, graph.plan(), donate, order, spares)
 
 
 def test_first_compile_of_a_site_has_no_reason_and_other_sites_are_separate():
@@ -77,6 +77,9 @@ def test_constants_wiring_outputs_and_donation_are_told_apart():
     assert "donated inputs, each given to other outputs" in _record(
         "s", [a, b], donate=(0,), order=(1, 0)
     )
+    history.reset()
+    _record("s", [a, b])
+    assert "same nodes, 2 spare output buffers vs 0" in _record("s", [a, b], spares=2)
 
 
 def test_the_nearest_earlier_graph_is_the_longest_common_prefix():
