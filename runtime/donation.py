@@ -84,16 +84,19 @@ class Spares:
         if last is None:
             return None
         key, outputs, slots = last
-        wanted = {(r.shape, r.dtype) for r in graph.roots}
+        if failed(outputs[0]):  # their launch raised: there are no buffers
+            return None
+        same = key == graph.key
+        wanted = None if same else {(r.shape, r.dtype) for r in graph.roots}
         read = {id(p.payload) for p in graph.params if p.op == DATA}
         values, offered, roots = [], [], {}
         for k, value in enumerate(outputs):
             ident = id(value)
-            if ident in held or ident in read or ident in kept or slots[k] not in wanted:
+            if ident in held or ident in read or ident in kept:
                 continue
-            if failed(value):  # its launch raised: there is no buffer
+            if wanted is not None and slots[k] not in wanted:
                 continue
-            if key == graph.key:
+            if same:
                 roots[len(values)] = k
             values.append(value)
             offered.append(slots[k])
