@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lazy_torch import linear
 from lazy_torch.tensor import LazyTensor, _native
 
 if TYPE_CHECKING:
@@ -187,13 +188,44 @@ def _register() -> None:
         for name in cuda_autocast_ops():
             policy = policy_of(name)
             if policy is not None:
-                kernels.impl(name.removeprefix("aten::"), _kernel(_op(name), policy), _KEY_NAME)
+                kernel = _kernel(_op(name), policy)
+                if name in _FUSED:
+                    kernel = _fused_kernel(kernel, _FUSED[name])
+                kernels.impl(name.removeprefix("aten::"), kernel, _KEY_NAME)
     except RuntimeError as e:
         raise RuntimeError(
             f"lazy_torch.amp.autocast needs the {_KEY_NAME} dispatch key, which another library "
             f"(torch_xla?) has taken: {e}"
         ) from e
     _libraries[:] = [fallthrough, kernels]
+
+
+def _fused_addmm(dtype: torch.dtype, self: Any, mat1: Any, mat2: Any, *, beta=1, alpha=1) -> Any:
+    return linear.addmm(self, mat1, mat2, beta, alpha, dtype)
+
+
+def _fused_linear(dtype: torch.dtype, input: Any, weight: Any, bias: Any = None) -> Any:
+    return linear.linear(input, weight, bias, dtype)
+
+
+# Ops whose call under autocast may be recorded as one node with its backward (linear.py).
+_FUSED = {"aten::addmm": _fused_addmm, "aten::linear": _fused_linear}
+
+
+def _fused_kernel(kernel: Callable, fused: Callable) -> Callable:
+    """``kernel``, with the calls ``fused`` takes (it returns NotImplemented for the others)."""
+    exclude = torch._C._ExcludeDispatchKeyGuard
+
+    def fused_kernel(*args: Any, **kwargs: Any) -> Any:
+        stack = _state.stack  # empty in a thread the autograd engine started
+        if stack:
+            with exclude(_KEYSET):
+                out = fused(stack[-1][1], *args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return kernel(*args, **kwargs)
+
+    return fused_kernel
 
 
 def _op(name: str) -> Any:

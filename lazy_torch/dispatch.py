@@ -495,6 +495,24 @@ def record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
 
 
 def _record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
+    ops = _operands_of(values)
+    srcs = tuple(ops.srcs)
+    arg = ((operands(len(srcs)), *attrs), ())
+    node = _multi_node(op, srcs, arg, [t._meta for t in targets])
+    for k, target in enumerate(targets):
+        target._lazy.assign(getitem(node, k))
+
+
+def record_op(op: str, values: list, attrs: tuple, meta: Any) -> Any:
+    """Record ``op`` as one node over ``values`` (as record_update's) and return its output: a
+    tensor of Meta ``meta``, or a tuple of them for a tuple of Metas (None: an output the op does
+    not produce). Its lowering gets each value, then ``attrs``."""
+    ops = _operands_of(values)
+    srcs = tuple(ops.srcs)
+    return _wrap_outputs(op, srcs, ((operands(len(srcs)), *attrs), ()), meta, ops.device)
+
+
+def _operands_of(values: list) -> _Operands:
     ops = _Operands()
     for v in values:
         if isinstance(v, torch.Tensor):
@@ -503,11 +521,7 @@ def _record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
             ops.node(v)
         else:
             ops.scalar(v, share=False)
-    srcs = tuple(ops.srcs)
-    arg = ((operands(len(srcs)), *attrs), ())
-    node = _multi_node(op, srcs, arg, [t._meta for t in targets])
-    for k, target in enumerate(targets):
-        target._lazy.assign(getitem(node, k))
+    return ops
 
 
 def _multi_node(op: str, srcs: tuple, arg: Any, metas: Any) -> Node:

@@ -21,14 +21,17 @@ def accumulation_dtype(dtype: Any) -> np.dtype:
     return np.dtype(np.float32) if dtype in _LOW_PRECISION else dtype
 
 
-def _dot(ctx: LoweringContext, a: Any, b: Any, contract: tuple, batch: tuple = ((), ())) -> Any:
-    """``dot_general`` at the node's precision, accumulated in its accumulation dtype."""
+def _dot(
+    ctx: LoweringContext, a: Any, b: Any, contract: tuple, batch: tuple = ((), ()), dtype=None
+) -> Any:
+    """``dot_general`` at the node's precision, accumulated in the accumulation dtype of
+    ``dtype`` (default: the node's)."""
     return jax.lax.dot_general(
         a,
         b,
         (contract, batch),
         precision=ctx.precision,
-        preferred_element_type=accumulation_dtype(ctx.dtype),
+        preferred_element_type=accumulation_dtype(ctx.dtype if dtype is None else dtype),
     )
 
 
@@ -131,3 +134,44 @@ def _linear(ctx, input, weight, bias=None):
     if bias is not None:
         out = out + bias.astype(acc)
     return out.astype(ctx.dtype)
+
+
+# --- autocast's linear layer as one node (lazy_torch/linear.py) ---------------------------------
+# ``weight`` is (in, out) as addmm's mat2, or (out, in) as F.linear's when ``transposed``. Each
+# product is computed as autocast's addmm and mm compute it: operands cast to the autocast dtype,
+# a float32 accumulation rounded once to it; gradients are then cast to their inputs' dtypes.
+
+
+def _rows(x: Any) -> Any:
+    """``x`` as a matrix of its last dimension's rows, as F.linear flattens its input."""
+    return x.reshape(-1, x.shape[-1])
+
+
+@lowering("lazy.autocast_linear")
+def _autocast_linear(ctx, values, transposed):
+    x, weight, *bias = values
+    low = ctx.dtype
+    product = _dot(ctx, _rows(x).astype(low), weight.astype(low), ((1,), (1 if transposed else 0,)))
+    product = product.reshape(ctx.shape)
+    if not bias:
+        return product.astype(low)
+    return _add_scaled(ctx, bias[0].astype(low), product, 1, 1)
+
+
+@lowering("lazy.autocast_linear_backward")
+def _autocast_linear_backward(ctx, values, transposed):
+    grad, x, weight = values
+    low = grad.dtype
+    rows = _rows(grad)
+    grad_x = grad_w = grad_b = None
+    if ctx.dtypes[0] is not None:
+        w = weight.astype(low)
+        product = _dot(ctx, rows, w, ((1,), (0 if transposed else 1,)), dtype=low)
+        grad_x = product.astype(low).reshape(ctx.shapes[0]).astype(ctx.dtypes[0])
+    if ctx.dtypes[1] is not None:
+        product = _dot(ctx, _rows(x).astype(low), rows, ((0,), (0,)), dtype=low).astype(low)
+        grad_w = (product.T if transposed else product).astype(ctx.dtypes[1])
+    if ctx.dtypes[2] is not None:
+        total = jnp.sum(rows.astype(accumulation_dtype(low)), axis=0)
+        grad_b = total.astype(low).astype(ctx.dtypes[2])
+    return grad_x, grad_w, grad_b

@@ -23,7 +23,7 @@ def _node_dtypes(ir, op):
     """The output dtypes of every node of ``op`` (e.g. ``aten.mm``) in an IR dump."""
     found = set()
     for types, name in re.findall(r"= (.*?) ([\w.]+)\(", ir):
-        if name.rsplit(".", 1)[0] == op:
+        if op in (name, name.rsplit(".", 1)[0]):  # with or without its overload
             found.update(re.findall(r"(\w+)\[", types))
     return found
 
@@ -251,7 +251,8 @@ def test_forward_graph_and_gradient_dtypes(kind):
     assert got == want
 
     ir = lazy_torch.debug.ir_text(loss)
-    matmuls = set().union(*(_node_dtypes(ir, f"aten.{op}") for op in ("mm", "addmm", "bmm")))
+    ops = ("aten.mm", "aten.addmm", "aten.bmm", "lazy.autocast_linear")  # the last: linear.py
+    matmuls = set().union(*(_node_dtypes(ir, op) for op in ops))
     assert matmuls == {"bfloat16"}, ir
     assert _node_dtypes(ir, "aten.nll_loss_forward") == {"float32"}
     # cross_entropy asks log_softmax for the logits' own dtype, which autocast keeps (as CUDA's).
