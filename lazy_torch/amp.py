@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+import runtime
 from lazy_torch import linear
 from lazy_torch.tensor import LazyTensor, _native
 
@@ -200,25 +201,22 @@ def _register() -> None:
     _libraries[:] = [fallthrough, kernels]
 
 
-def _fused_addmm(dtype: torch.dtype, self: Any, mat1: Any, mat2: Any, *, beta=1, alpha=1) -> Any:
-    return linear.addmm(self, mat1, mat2, beta, alpha, dtype)
-
-
-def _fused_linear(dtype: torch.dtype, input: Any, weight: Any, bias: Any = None) -> Any:
-    return linear.linear(input, weight, bias, dtype)
-
-
 # Ops whose call under autocast may be recorded as one node with its backward (linear.py).
-_FUSED = {"aten::addmm": _fused_addmm, "aten::linear": _fused_linear}
+_FUSED = {"aten::addmm": linear.addmm, "aten::linear": linear.linear}
 
 
 def _fused_kernel(kernel: Callable, fused: Callable) -> Callable:
-    """``kernel``, with the calls ``fused`` takes (it returns NotImplemented for the others)."""
+    """``kernel``, with the calls ``fused`` takes: every tensor one autocast may cast
+    (``fused`` returns NotImplemented for the others)."""
     exclude = torch._C._ExcludeDispatchKeyGuard
 
     def fused_kernel(*args: Any, **kwargs: Any) -> Any:
         stack = _state.stack  # empty in a thread the autograd engine started
-        if stack:
+        if (
+            stack
+            and runtime.config.FUSE_LINEAR
+            and all(_castable(a) for a in _flat(args, kwargs) if isinstance(a, torch.Tensor))
+        ):
             with exclude(_KEYSET):
                 out = fused(stack[-1][1], *args, **kwargs)
             if out is not NotImplemented:

@@ -24,15 +24,8 @@ from typing import Any
 
 import torch
 
-import runtime
 from lazy_torch.dispatch import record_op
-from lazy_torch.tensor import LazyTensor, _dense_stride
-
-_CASTABLE = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> tuple:
-    return (shape, _dense_stride(shape), 0, dtype)
+from lazy_torch.tensor import dense_meta
 
 
 class _AutocastLinear(torch.autograd.Function):
@@ -43,7 +36,7 @@ class _AutocastLinear(torch.autograd.Function):
         ctx.bias_dtype = None if bias is None else bias.dtype
         out = weight._meta[0][0 if transposed else 1]
         values = [x, weight] if bias is None else [x, weight, bias]
-        meta = _meta((*x._meta[0][:-1], out), dtype)
+        meta = dense_meta((*x._meta[0][:-1], out), dtype)
         return record_op("lazy.autocast_linear", values, (transposed,), meta)
 
     @staticmethod
@@ -54,9 +47,9 @@ class _AutocastLinear(torch.autograd.Function):
             return (*_composite_backward(ctx, grad, x, weight), None, None)
         w_shape = weight._meta[0]
         metas = (
-            _meta(x._meta[0], x._meta[3]) if need_x else None,
-            _meta(w_shape, weight._meta[3]) if need_w else None,
-            _meta((w_shape[0 if ctx.transposed else 1],), ctx.bias_dtype) if need_b else None,
+            dense_meta(x._meta[0], x._meta[3]) if need_x else None,
+            dense_meta(w_shape, weight._meta[3]) if need_w else None,
+            dense_meta((w_shape[0 if ctx.transposed else 1],), ctx.bias_dtype) if need_b else None,
         )
         grads = record_op(
             "lazy.autocast_linear_backward", [grad, x, weight], (ctx.transposed,), metas
@@ -80,18 +73,10 @@ def _composite_backward(ctx: Any, grad: Any, x: Any, weight: Any) -> tuple:
     return grad_x, grad_w, grad_b
 
 
-def _fits(tensors: tuple, dtype: torch.dtype) -> bool:
-    """Every tensor (None aside) lazy and of a dtype autocast casts to ``dtype``."""
-    return dtype in _CASTABLE and all(
-        t is None or (type(t) is LazyTensor and t._meta[3] in _CASTABLE) for t in tensors
-    )
-
-
-def addmm(self: Any, mat1: Any, mat2: Any, beta: Any, alpha: Any, dtype: torch.dtype) -> Any:
-    """``torch.addmm`` under autocast as one node, or NotImplemented where it does not fit."""
-    if not (runtime.config.FUSE_LINEAR and beta == 1 and alpha == 1):
-        return NotImplemented
-    if not _fits((self, mat1, mat2), dtype):
+def addmm(dtype: torch.dtype, self: Any, mat1: Any, mat2: Any, *, beta=1, alpha=1) -> Any:
+    """``torch.addmm`` under autocast to ``dtype`` as one node, or NotImplemented where eager
+    computes it otherwise (the caller has checked its operands are lazy and castable)."""
+    if beta != 1 or alpha != 1:
         return NotImplemented
     bias, rows, weight = self._meta[0], mat1._meta[0], mat2._meta[0]
     if len(rows) != 2 or len(weight) != 2 or bias != (weight[1],) or rows[1] != weight[0]:
@@ -99,15 +84,14 @@ def addmm(self: Any, mat1: Any, mat2: Any, beta: Any, alpha: Any, dtype: torch.d
     return _AutocastLinear.apply(mat1, mat2, self, dtype, False)
 
 
-def linear(x: Any, weight: Any, bias: Any, dtype: torch.dtype) -> Any:
-    """``F.linear`` under autocast as one node, or NotImplemented where it does not fit."""
-    if not (runtime.config.FUSE_LINEAR and _fits((x, weight, bias), dtype)):
-        return NotImplemented
-    shape, w = x._meta[0], weight._meta[0]
+def linear(dtype: torch.dtype, input: Any, weight: Any, bias: Any = None) -> Any:
+    """``F.linear`` under autocast to ``dtype`` as one node, or NotImplemented where eager
+    computes it otherwise (the caller has checked its operands are lazy and castable)."""
+    shape, w = input._meta[0], weight._meta[0]
     if len(shape) < 2 or len(w) != 2 or shape[-1] != w[1]:
         return NotImplemented
     if bias is not None and (
-        bias._meta[0] != (w[0],) or not (len(shape) == 2 or x.is_contiguous())
+        bias._meta[0] != (w[0],) or not (len(shape) == 2 or input.is_contiguous())
     ):
         return NotImplemented
-    return _AutocastLinear.apply(x, weight, bias, dtype, True)
+    return _AutocastLinear.apply(input, weight, bias, dtype, True)

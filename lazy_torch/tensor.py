@@ -142,6 +142,11 @@ def _dense_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     return stride
 
 
+def dense_meta(shape: tuple[int, ...], dtype: torch.dtype) -> Meta:
+    """The Meta of a new contiguous tensor of ``shape`` and ``dtype``."""
+    return (shape, _dense_stride(shape), 0, dtype)
+
+
 def contiguous_stride(shape: Iterable[int]) -> tuple[int, ...]:
     stride, acc = [], 1
     for n in reversed(tuple(shape)):

@@ -23,7 +23,7 @@ from lazy_core.dump import ir_text
 from lazy_core.graph import Graph, key_text
 from runtime import config, history, metrics
 from runtime.device import device
-from runtime.donation import Pairings, Spares
+from runtime.donation import Donations
 from runtime.launcher import Launch, Launcher, failed, is_ready, resolve
 from runtime.program import ParamLayout, build_function
 
@@ -54,8 +54,7 @@ def _restorer(order: tuple[int, ...]) -> Callable[[list], tuple]:
 
 
 _cache: dict[Any, Executable] = {}
-_pairings = Pairings()
-_spares = Spares()
+_donations = Donations()
 _launcher = Launcher()
 _in_flight: list[Any] = []  # the outputs of the last launch
 # Asynchronous launches whose failure, if any, the next barrier has not raised yet.
@@ -219,52 +218,6 @@ def _recycles(device_index: int) -> bool:
     return device(device_index).platform not in ("cpu", "tpu")
 
 
-def _donation(
-    graph: Graph,
-    device_index: int,
-    donate: tuple[int, ...],
-    partners: dict[int, int] | None,
-    held: set[int] | None,
-) -> tuple[tuple[int, ...], tuple[int, ...] | None, tuple, list]:
-    """The donated parameters an executable keeps, the order it returns its roots in, and the
-    slots and values of its spare arguments (``held``: see run_graph; None for no spares). A
-    graph gets spares at its first compile only, and later the same roots get them
-    (donation.Spares)."""
-    partners = dict(partners or {})
-    offer = None if held is None else _spares.offer(device_index, graph, held, _constant_buffers)
-    roots = _spares.roots.get(graph.key)
-    if offer is None or roots == ():
-        if not partners:
-            return donate, None, (), []
-        return (*_pairings(graph, donate, partners, ()), (), [])
-    n = len(graph.params)
-    if roots is None:  # a first compile: each spare to the root it wrote, or one of its slot
-        values, slots = offer.values, tuple(offer.slots)
-        partners.update((n + j, k) for j, k in offer.roots.items())
-    else:
-        picks = offer.for_roots(graph, roots)
-        slots = tuple((graph.roots[k].shape, graph.roots[k].dtype) for k in roots)
-        values = [
-            offer.values[j] if j is not None else _blank(slot, device_index)
-            for j, slot in zip(picks, slots)
-        ]
-        partners.update((n + j, k) for j, k in enumerate(roots))
-    kept, order = _pairings(graph, (*donate, *range(n, n + len(values))), partners, slots)
-    spares = [i - n for i in kept if i >= n]
-    return (
-        tuple(i for i in kept if i < n),
-        order,
-        tuple(slots[j] for j in spares),
-        [values[j] for j in spares],
-    )
-
-
-def _blank(slot: tuple, device_index: int) -> jax.Array:
-    """A new buffer of ``slot`` (shape, dtype) on the device, for a spare argument."""
-    shape, dtype = slot
-    return jax.numpy.zeros(shape, jax.numpy.dtype(dtype), device=device(device_index))
-
-
 def _param_values(graph: Graph, layout: ParamLayout) -> list[Any]:
     params = graph.params
     values = [params[i].payload for i in layout.data]
@@ -316,9 +269,10 @@ def run_graph(
                 )
             return found
     recycles = held is not None and _recycles(device_index)
-    donate, order, spares, spare_values = _donation(
-        graph, device_index, donate, partners, held if recycles else None
+    plan = _donations.plan(
+        graph, device_index, donate, partners, held if recycles else None, _constant_buffers
     )
+    donate, order, spares = plan.donate, plan.order, plan.spares
     key = (graph.key, donate, order, spares)
     exe = _cache.get(key)
     hit = exe is not None
@@ -326,10 +280,9 @@ def run_graph(
         metrics.count("cache_hits")
     else:
         exe = _cache[key] = _compile(graph, device_index, donate, cause, site, order, spares)
-        if recycles:  # the roots its spares go to, from now on (donation.Spares)
-            at = order or range(len(graph.roots))
-            _spares.roots.setdefault(graph.key, tuple(at[len(donate) : len(donate) + len(spares)]))
-    values = _param_values(graph, exe.layout) + spare_values
+        if recycles:
+            _donations.compiled(graph.key, plan)
+    values = [*_param_values(graph, exe.layout), *plan.values]
     if _launcher.threaded is None:
         threaded = config.LAUNCH_THREAD
         _launcher.threaded = device(0).platform != "cpu" if threaded is None else threaded
@@ -355,7 +308,7 @@ def run_graph(
     *outputs, checks = outputs
     _in_flight[:] = outputs
     if recycles and graph.params:
-        _spares.remember(device_index, graph, outputs)
+        _donations.remember(device_index, graph, outputs)
     if asynchronous:
         _launched.append(launch)
     if exe.errors:

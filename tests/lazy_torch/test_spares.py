@@ -6,7 +6,7 @@ import torch
 
 import lazy_torch
 import runtime
-from runtime import executor
+from runtime import donation, executor
 
 
 @pytest.fixture
@@ -131,8 +131,8 @@ def test_a_root_whose_output_is_now_kept_gets_a_new_buffer(recycle, monkeypatch)
     # Loop two's first compile gives its loss root a dead scalar of loop one; its later steps
     # keep their losses, so that root's spare is a new buffer, and nothing compiles again.
     blanks = []
-    blank = executor._blank
-    monkeypatch.setattr(executor, "_blank", lambda *a: blanks.append(a) or blank(*a))
+    blank = donation.blank
+    monkeypatch.setattr(donation, "blank", lambda *a: blanks.append(a) or blank(*a))
     _train("lazy", 3, width=2, optimizer=torch.optim.SGD)  # its losses die with it
     compiled = lazy_torch.metrics.counters()["compiles"]
     _, kept = _train("lazy", 4, width=5, optimizer=torch.optim.SGD)
