@@ -15,9 +15,12 @@ def _numbered(roots: Sequence[Node]) -> tuple[tuple[Node, ...], dict[int, int], 
 
 
 def type_text(dtype: object, shape: tuple) -> str:
-    """``float32[2,3]``; a multi-output node's per-output tuples as ``(float32[2], int64[])``."""
+    """``float32[2,3]``; a multi-output node's per-output tuples as ``(float32[2], int64[])``,
+    with ``none`` for an output the node does not produce."""
     if isinstance(dtype, tuple):
         return "(" + ", ".join(type_text(d, s) for d, s in zip(dtype, shape)) + ")"
+    if dtype is None:
+        return "none"
     return f"{dtype}[{','.join(map(str, shape))}]"
 
 

@@ -1,15 +1,20 @@
-"""``make_wrapper``: ``torch.Tensor._make_wrapper_subclass`` for lazy tensors, in C++.
+"""The C++ extension that links against torch: lazy tensors' wrappers and the fused linear
+layer's autograd node.
 
-Every op on a lazy tensor makes one or more wrapper tensors, and PyTorch's
-``_make_wrapper_subclass`` spends most of its time (about 0.8 of 1.05 µs on this project's CPU) in
-its general argument parser. ``csrc/wrapper.cpp`` makes the same tensor from exactly the
-arguments lazy_torch passes. It compiles against the installed torch's headers and libraries, and
+- ``make_wrapper`` (``csrc/wrapper.cpp``) is ``torch.Tensor._make_wrapper_subclass`` for lazy
+  tensors. Every op on a lazy tensor makes one or more wrapper tensors, and PyTorch's version
+  spends most of its time (about 0.8 of 1.05 µs on this project's CPU) in its general argument
+  parser; this one reads exactly the arguments lazy_torch passes.
+- ``linear`` and ``set_linear_backward`` (``csrc/linear.cpp``) give linear.py's fused layer a C++
+  autograd node instead of a ``torch.autograd.Function``.
+
+It compiles against the installed torch's headers and libraries, and
 ``pip install -e .`` builds in an isolated environment without torch, so it is built here instead:
-the first time a given torch, Python and source meet, in about 15 s, into a cache directory
+the first time a given torch, Python and source meet, in about 30 s, into a cache directory
 (``$LAZY_EXTENSION_DIR``, else ``$XDG_CACHE_HOME/lazy_torch`` or ``~/.cache/lazy_torch``), under a
 file lock so that parallel processes build it once. A failed build leaves its compiler output
 beside it and is not retried for the same key; then, as with ``LAZY_NATIVE=0``, PyTorch's own
-function is used.
+``_make_wrapper_subclass`` and a ``torch.autograd.Function`` are used.
 """
 
 from __future__ import annotations
@@ -23,14 +28,15 @@ import subprocess
 import sys
 import sysconfig
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
 import runtime
 
-_SOURCE = Path(__file__).with_name("csrc") / "wrapper.cpp"
+_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("wrapper.cpp", "linear.cpp")]
 _NAME = "lazy_torch_wrapper"  # the module name its PyInit_ function is named after
 
 
@@ -41,25 +47,26 @@ def _cache_dir() -> Path:
     return Path(base) / "lazy_torch"
 
 
-def _command(source: Path, output: Path) -> list[str]:
+def _command(sources: list[Path], output: Path) -> list[str]:
     from torch.utils import cpp_extension
 
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     includes = [sysconfig.get_paths()["include"], *cpp_extension.include_paths()]
     return [
-        os.environ.get("CXX", "c++"), str(source), "-o", str(output),
+        os.environ.get("CXX", "c++"), *map(str, sources), "-o", str(output),
         "-O2", "-std=c++20", "-shared", "-fPIC", "-w",
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         *(f"-I{p}" for p in includes),
-        f"-L{lib}", "-lc10", "-ltorch_python", f"-Wl,-rpath,{lib}",
+        f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}",
     ]  # fmt: skip
 
 
 def _target() -> Path:
     """The built module's path: keyed by the source, torch, Python and the command."""
     key = hashlib.sha256()
-    key.update(_SOURCE.read_bytes())
-    key.update(f"{torch.__version__}|{sys.version}|{_command(Path(), Path())}".encode())
+    for source in _SOURCES:
+        key.update(source.read_bytes())
+    key.update(f"{torch.__version__}|{sys.version}|{_command([], Path())}".encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return _cache_dir() / f"{_NAME}-{key.hexdigest()[:16]}{suffix}"
 
@@ -80,14 +87,14 @@ def _build(target: Path) -> None:
         if target.exists() or failed.exists():
             return
         print(
-            f"lazy_torch: building {_SOURCE.name} for torch {torch.__version__} into "
+            f"lazy_torch: building {_NAME} for torch {torch.__version__} into "
             f"{target.parent} (once)",
             file=sys.stderr,
         )
         partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         try:
             done = subprocess.run(
-                _command(_SOURCE, partial), check=False, capture_output=True, text=True
+                _command(_SOURCES, partial), check=False, capture_output=True, text=True
             )
         except OSError as e:  # no compiler
             failed.write_text(f"{type(e).__name__}: {e}\n")
@@ -99,23 +106,24 @@ def _build(target: Path) -> None:
         os.replace(partial, target)
 
 
-def load() -> Callable | None:
-    """The extension's ``make_wrapper``, built if need be; None where it cannot be built."""
+def load() -> ModuleType | None:
+    """The extension, built if need be; None where it cannot be built."""
     try:
         target = _target()
         if not target.exists():
             _build(target)
         if not target.exists():
             warnings.warn(
-                f"lazy_torch: {_SOURCE.name} could not be built (compiler output: "
-                f"{target.with_suffix('.failed')}); using torch.Tensor._make_wrapper_subclass",
+                f"lazy_torch: {_NAME} could not be built (compiler output: "
+                f"{target.with_suffix('.failed')}); using torch.Tensor._make_wrapper_subclass "
+                "and a Python autograd Function for fused linear layers",
                 stacklevel=2,
             )
             return None
         spec = importlib.util.spec_from_file_location(_NAME, target)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return module.make_wrapper
+        return module
     except (OSError, ImportError) as e:
-        warnings.warn(f"lazy_torch: {_SOURCE.name} not loaded ({e})", stacklevel=2)
+        warnings.warn(f"lazy_torch: {_NAME} not loaded ({e})", stacklevel=2)
         return None

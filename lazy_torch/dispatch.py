@@ -503,13 +503,15 @@ def _record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
         target._lazy.assign(getitem(node, k))
 
 
-def record_op(op: str, values: list, attrs: tuple, meta: Any) -> Any:
+def record_op(op: str, values: list, attrs: tuple, meta: Any, matmul: bool = False) -> Any:
     """Record ``op`` as one node over ``values`` (as record_update's) and return its output: a
     tensor of Meta ``meta``, or a tuple of them for a tuple of Metas (None: an output the op does
-    not produce). Its lowering gets each value, then ``attrs``."""
+    not produce). Its lowering gets each value, then ``attrs``; a ``matmul`` at PyTorch's float32
+    matmul precision."""
     ops = _operands_of(values)
     srcs = tuple(ops.srcs)
-    return _wrap_outputs(op, srcs, ((operands(len(srcs)), *attrs), ()), meta, ops.device)
+    kwargs = (("_precision", _matmul_precision()),) if matmul else ()
+    return _wrap_outputs(op, srcs, ((operands(len(srcs)), *attrs), kwargs), meta, ops.device)
 
 
 def _operands_of(values: list) -> _Operands:

@@ -17,8 +17,10 @@ from lazy_torch.sync import sync
 
 # The per-op fast path in C, unless it was not built or LAZY_NATIVE=0 turns it off.
 _native: Any = _built_native if runtime.config.NATIVE else None
-# Makes each lazy tensor's wrapper: in C++ when it builds (_wrapper.py), else PyTorch's own.
-make_wrapper = (runtime.config.NATIVE and _wrapper.load()) or torch.Tensor._make_wrapper_subclass
+# The torch-linked C++ extension (_wrapper.py), unless it was not built or LAZY_NATIVE=0.
+extension: Any = (runtime.config.NATIVE and _wrapper.load()) or None
+# Makes each lazy tensor's wrapper: in C++ when the extension built, else PyTorch's own.
+make_wrapper = extension.make_wrapper if extension else torch.Tensor._make_wrapper_subclass
 
 # Shape, strides, storage offset and dtype as eager PyTorch would report them.
 Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]

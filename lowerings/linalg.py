@@ -136,10 +136,11 @@ def _linear(ctx, input, weight, bias=None):
     return out.astype(ctx.dtype)
 
 
-# --- autocast's linear layer as one node (lazy_torch/linear.py) ---------------------------------
+# --- a linear layer as one node forward and one backward (lazy_torch/linear.py) -----------------
 # ``weight`` is (in, out) as addmm's mat2, or (out, in) as F.linear's when ``transposed``. Each
-# product is computed as autocast's addmm and mm compute it: operands cast to the autocast dtype,
-# a float32 accumulation rounded once to it; gradients are then cast to their inputs' dtypes.
+# product is computed as addmm and mm compute it in the output's dtype (under autocast, the
+# autocast dtype): operands cast to it, accumulation in float32 or wider rounded once to it;
+# gradients are then cast to their inputs' dtypes.
 
 
 def _rows(x: Any) -> Any:
@@ -147,8 +148,8 @@ def _rows(x: Any) -> Any:
     return x.reshape(-1, x.shape[-1])
 
 
-@lowering("lazy.autocast_linear")
-def _autocast_linear(ctx, values, transposed):
+@lowering("lazy.linear")
+def _linear_layer(ctx, values, transposed):
     x, weight, *bias = values
     low = ctx.dtype
     product = _dot(ctx, _rows(x).astype(low), weight.astype(low), ((1,), (1 if transposed else 0,)))
@@ -158,8 +159,8 @@ def _autocast_linear(ctx, values, transposed):
     return _add_scaled(ctx, bias[0].astype(low), product, 1, 1)
 
 
-@lowering("lazy.autocast_linear_backward")
-def _autocast_linear_backward(ctx, values, transposed):
+@lowering("lazy.linear_backward")
+def _linear_layer_backward(ctx, values, transposed):
     grad, x, weight = values
     low = grad.dtype
     rows = _rows(grad)

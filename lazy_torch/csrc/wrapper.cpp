@@ -169,11 +169,15 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "lazy_torch_wrapper", nullptr, -1, 
 
 }  // namespace
 
+extern PyMethodDef linear_methods[];  // linear.cpp
+
 PyMODINIT_FUNC PyInit_lazy_torch_wrapper() {
     s_strides = PyUnicode_InternFromString("strides");
     s_storage_offset = PyUnicode_InternFromString("storage_offset");
     s_dtype = PyUnicode_InternFromString("dtype");
     s_device = PyUnicode_InternFromString("device");
     s_requires_grad = PyUnicode_InternFromString("requires_grad");
-    return PyModule_Create(&module);
+    PyObject* m = PyModule_Create(&module);
+    if (m != nullptr && PyModule_AddFunctions(m, linear_methods) < 0) Py_CLEAR(m);
+    return m;
 }

@@ -251,7 +251,7 @@ def test_forward_graph_and_gradient_dtypes(kind):
     assert got == want
 
     ir = lazy_torch.debug.ir_text(loss)
-    ops = ("aten.mm", "aten.addmm", "aten.bmm", "lazy.autocast_linear")  # the last: linear.py
+    ops = ("aten.mm", "aten.addmm", "aten.bmm", "lazy.linear")  # the last: linear.py
     matmuls = set().union(*(_node_dtypes(ir, op) for op in ops))
     assert matmuls == {"bfloat16"}, ir
     assert _node_dtypes(ir, "aten.nll_loss_forward") == {"float32"}

@@ -1,8 +1,10 @@
-"""Linear layers under lazy autocast as one node and one backward node (lazy_torch/linear.py).
+"""Linear layers as one node and one backward node (lazy_torch/linear.py), under lazy autocast
+and in float32, with the C++ grad_fn and with the Python Function that stands in for it.
 
 Oracles: the same calls through the ordinary kernels (``LAZY_FUSE_LINEAR=0``: autocast's casts,
-then ``addmm``/``mm`` and their autograd), which must give the same bits, and eager
-``torch.autocast('cpu')``, whose matmuls also run in bfloat16, up to bfloat16 rounding.
+then ``addmm``/``mm`` and their autograd), which must give the same bits; eager
+``torch.autocast('cpu')``, whose matmuls also run in bfloat16, up to bfloat16 rounding; eager
+float32 on the CPU, and its errors.
 """
 
 import pytest
@@ -11,10 +13,11 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import runtime
+from lazy_torch import linear
 from lazy_torch.amp import autocast
 
 BF16 = torch.bfloat16
-FUSED = "_AutocastLinearBackward"
+FUSED = "LazyLinearBackward"
 
 
 class CountOps(TorchDispatchMode):
@@ -168,3 +171,188 @@ def test_shape_errors_are_eagers(call):
     with pytest.raises(RuntimeError) as lazy:
         run(x.to("lazy"), w.to("lazy"), b.to("lazy"), autocast(dtype=BF16))
     assert str(lazy.value) == str(eager.value)
+
+
+# --- float32 and other single-dtype layers (F.linear's AutogradLazy kernel) ---------------------
+
+
+@pytest.fixture(params=["C++ node", "Python Function"])
+def node_kind(request, monkeypatch):
+    """Each test below runs with the extension's C++ grad_fn and with the Function fallback."""
+    if request.param == "C++ node" and linear.extension is None:
+        pytest.skip("the torch-linked extension is not built")
+    if request.param == "Python Function":
+        monkeypatch.setattr(linear, "extension", None)
+    return request.param
+
+
+def _plain(kind, device, fuse=True, monkeypatch=None, dtype=torch.float32):
+    """As _run, without autocast."""
+    if monkeypatch is not None:
+        monkeypatch.setattr(runtime.config, "FUSE_LINEAR", fuse)
+    tensors = [
+        None if t is None else t.to(device, dtype).requires_grad_() for t in _inputs(kind)
+    ]
+    y = F.linear(*tensors)
+    y.square().sum().backward()
+    grads = [None if t is None else t.grad.cpu() for t in tensors]
+    return y.cpu(), y.grad_fn.name(), grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("kind", ["linear 2d", "linear 3d", "linear, no bias"])
+def test_single_dtype_layer_gives_the_ordinary_kernels_bits(kind, dtype, node_kind, monkeypatch):
+    y, name, grads = _plain(kind, "lazy", True, monkeypatch, dtype)
+    y0, name0, grads0 = _plain(kind, "lazy", False, monkeypatch, dtype)
+    assert name == FUSED and name0 != FUSED
+    assert y.dtype == dtype and torch.equal(y, y0)
+    for i, (g, g0, t) in enumerate(zip(grads, grads0, _inputs(kind))):
+        if t is None:
+            continue
+        assert g.dtype == dtype
+        if i == 2 and kind == "linear 3d" and dtype == torch.float32:
+            # The bias gradient sums the (4, 6, 8) gradient's rows. Unfused, XLA sees a reshape
+            # to (24, 8) between its producer and the sum and orders the float32 additions
+            # otherwise: the two differ in the last bit (test_float32_layer_matches_eager checks
+            # both against eager).
+            torch.testing.assert_close(g, g0)
+        else:
+            assert torch.equal(g, g0)
+
+
+@pytest.mark.parametrize("kind", ["linear 2d", "linear 3d", "linear, no bias"])
+def test_float32_layer_matches_eager(kind, node_kind):
+    y, _, grads = _plain(kind, "lazy")
+    want, _, want_grads = _plain(kind, "cpu")
+    torch.testing.assert_close(y, want)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w)
+
+
+def test_float32_mlp_step_records_fewer_ops(monkeypatch):
+    def step(fuse):
+        monkeypatch.setattr(runtime.config, "FUSE_LINEAR", fuse)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+        ).to("lazy")
+        x = torch.randn(8, 16).to("lazy")
+        with CountOps() as ops:
+            loss = model(x).logsumexp(-1).mean()
+            loss.backward()
+        return ops.count, loss.item(), [p.grad.cpu() for p in model.parameters()]
+
+    fused, loss, grads = step(True)
+    ordinary, loss0, grads0 = step(False)
+    assert fused < ordinary - 8  # per layer: a transpose, then two more, two products, a sum
+    assert loss == loss0 and all(torch.equal(g, g0) for g, g0 in zip(grads, grads0))
+
+
+@pytest.mark.parametrize(
+    "x, w, b",
+    [
+        ((4, 16), (8, 15), (8,)),  # shapes
+        ((4, 16), (8, 16), (7,)),  # bias
+        ((16,), (8, 16), (8,)),  # a 1-d input: matmul's path
+    ],
+)
+def test_float32_errors_and_edge_shapes_are_eagers(x, w, b):
+    torch.manual_seed(0)
+    args = [torch.randn(s) for s in (x, w, b)]
+    try:
+        want = F.linear(*args)
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as lazy:
+            F.linear(*(a.to("lazy") for a in args))
+        assert str(lazy.value) == str(e)
+        return
+    torch.testing.assert_close(F.linear(*(a.to("lazy") for a in args)).cpu(), want)
+
+
+def test_mixed_dtypes_raise_eagers_error():
+    x, w, b = torch.randn(4, 16), torch.randn(8, 16, dtype=torch.float64), torch.randn(8)
+    with pytest.raises(RuntimeError) as eager:
+        F.linear(x, w, b)
+    with pytest.raises(RuntimeError) as lazy:
+        F.linear(x.to("lazy"), w.to("lazy"), b.to("lazy"))
+    assert str(lazy.value) == str(eager.value)
+
+
+def test_autograd_contract(node_kind):
+    """What autograd promises for any node: a second backward through freed buffers raises
+    eager's error, retain_graph allows it and accumulates, an input modified in place after the
+    forward raises the version error, and hooks see the gradient."""
+    x, w, b = (t.to("lazy").requires_grad_() for t in _inputs("linear 2d"))
+    y = F.linear(x, w, b)
+    seen = []
+    y.register_hook(lambda g: seen.append(g.shape))
+    y.sum().backward(retain_graph=True)
+    first = w.grad.cpu().clone()
+    y.sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), 2 * first)
+    assert seen == [y.shape, y.shape]
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+
+    weight = torch.randn(8, 16).to("lazy").requires_grad_()
+    rows = torch.randn(4, 16).to("lazy")
+    out = F.linear(rows, weight)
+    rows.add_(1)  # the weight's gradient reads rows
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_saved_tensor_hooks_see_the_inputs(node_kind):
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t
+
+    x, w = torch.randn(4, 16).to("lazy"), torch.randn(8, 16).to("lazy").requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = F.linear(x, w)
+    y.sum().backward()
+    assert packed == [(4, 16), (8, 16)]
+    torch.testing.assert_close(w.grad.cpu(), torch.ones(4, 8).t() @ x.cpu())
+
+
+def test_double_backward_in_float32(node_kind, monkeypatch):
+    def penalty(fuse):
+        monkeypatch.setattr(runtime.config, "FUSE_LINEAR", fuse)
+        x, w, b = (t.to("lazy").requires_grad_() for t in _inputs("linear 3d"))
+        y = F.linear(x, w, b)
+        (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+        gx.square().sum().backward()
+        return gx.cpu(), w.grad.cpu(), b.grad.cpu()
+
+    for a, b in zip(penalty(True), penalty(False)):
+        torch.testing.assert_close(a, b)
+
+
+def test_no_grad_and_inference_mode():
+    x, w, b = (t.to("lazy") for t in _inputs("linear 3d"))
+    want = F.linear(*_inputs("linear 3d"))
+    with torch.no_grad():
+        y = F.linear(x, w.requires_grad_(), b)
+    with torch.inference_mode():
+        z = F.linear(x, w, b)
+    for out in (y, z):
+        assert out.grad_fn is None and not out.requires_grad
+        torch.testing.assert_close(out.cpu(), want)
+
+
+def test_products_run_at_pytorchs_float32_matmul_precision():
+    from lazy_core.dump import ir_text
+
+    x, w = torch.randn(4, 16).to("lazy"), torch.randn(8, 16).to("lazy").requires_grad_()
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # TF32 allowed, as for eager's products
+    try:
+        y = F.linear(x, w)
+        y.sum().backward()
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    text = ir_text([w.grad._lazy.node, y._lazy.node])
+    assert "lazy.linear(" in text and "lazy.linear_backward(" in text
+    assert text.count("_precision='high'") == 2
