@@ -170,8 +170,12 @@ def _linear_layer_backward(ctx, values, transposed):
         product = _dot(ctx, rows, w, ((1,), (0 if transposed else 1,)), dtype=low)
         grad_x = product.astype(low).reshape(ctx.shapes[0]).astype(ctx.dtypes[0])
     if ctx.dtypes[1] is not None:
-        product = _dot(ctx, _rows(x).astype(low), rows, ((0,), (0,)), dtype=low).astype(low)
-        grad_w = (product.T if transposed else product).astype(ctx.dtypes[1])
+        # (out, in) for F.linear's weight, (in, out) for addmm's: made in that layout, not
+        # transposed after.
+        xs = _rows(x).astype(low)
+        pair = (rows, xs) if transposed else (xs, rows)
+        product = _dot(ctx, *pair, ((0,), (0,)), dtype=low).astype(low)
+        grad_w = product.astype(ctx.dtypes[1])
     if ctx.dtypes[2] is not None:
         total = jnp.sum(rows.astype(accumulation_dtype(low)), axis=0)
         grad_b = total.astype(low).astype(ctx.dtypes[2])
