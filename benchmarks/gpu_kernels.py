@@ -5,8 +5,10 @@ PYTHONPATH=. python benchmarks/gpu_kernels.py [--size gpt2-124m] [--steps 3] [--
 Runs the suite's GPT-2 training step (bf16 autocast) on device='lazy' and the same model written
 in JAX, traces a few steps of each with ``jax.profiler`` and sums the GPU kernels' durations: time
 and kernels per step, split into matrix products (cuBLAS and XLA's gemm fusions) and the rest,
-and the costliest kernels. Kernel time does not depend on how fast the host traces, so unlike
-step times it compares across runs of the device tool. Needs a GPU.
+the costliest kernels, and the time per kind of kernel (the name without its number:
+``loop_convert_fusion``, ``input_reduce_fusion``, ...) side by side. Kernel time does not depend
+on how fast the host traces, so unlike step times it compares across runs of the device tool.
+Needs a GPU.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import re
 import tempfile
 
 import jax
@@ -60,6 +63,23 @@ def _report(name: str, kernels: collections.Counter, count: int, steps: int, top
         print(f"  {ns / steps / 1e6:7.3f} ms  {kernel[:100]}")
 
 
+def _kinds(kernels: collections.Counter) -> collections.Counter:
+    """Kernel time by the name without its trailing number (XLA's fusions), or the whole name."""
+    kinds: collections.Counter = collections.Counter()
+    for kernel, ns in kernels.items():
+        kinds[re.sub(r"[_.]\d+$", "", kernel)] += ns
+    return kinds
+
+
+def _compare_kinds(runs: dict, steps: int, top: int) -> None:
+    kinds = {name: _kinds(kernels) for name, kernels in runs.items()}
+    lazy, jax_ = kinds["lazy"], kinds["jax"]
+    names = sorted(set(lazy) | set(jax_), key=lambda k: -abs(lazy[k] - jax_[k]))
+    print("by kind, ms per step (largest differences first):     lazy      jax")
+    for kind in names[:top]:
+        print(f"  {kind[:48]:48} {lazy[kind] / steps / 1e6:8.3f} {jax_[kind] / steps / 1e6:8.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "gpt2-124m"], default="gpt2-124m")
@@ -90,10 +110,14 @@ def main() -> None:
         state[0], loss = ceiling.train_step(state[0], ceiling.batch)
         jax.block_until_ready(loss)
 
+    runs = {}
     for name, step in (("lazy", lazy_step), ("jax", jax_step)):
         for _ in range(4):  # compile and settle
             step()
-        _report(name, *_kernels(step, args.steps), args.steps, args.top)
+        kernels, count = _kernels(step, args.steps)
+        _report(name, kernels, count, args.steps, args.top)
+        runs[name] = kernels
+    _compare_kinds(runs, args.steps, args.top)
 
 
 if __name__ == "__main__":
