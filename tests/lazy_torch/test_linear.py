@@ -263,18 +263,23 @@ def test_mixed_dtypes_raise_eagers_error():
 
 
 def test_autograd_contract(node_kind):
-    """What autograd promises for any node: a second backward through freed buffers raises
-    eager's error, retain_graph allows it and accumulates, an input modified in place after the
-    forward raises the version error, and hooks see the gradient."""
+    """What autograd promises for any node: its edges lead to the inputs, a second backward
+    through freed buffers raises eager's error, retain_graph allows it and accumulates (anomaly
+    mode too), an input modified in place after the forward raises the version error, and the
+    tensor's and the node's hooks run."""
     x, w, b = (t.to("lazy").requires_grad_() for t in _inputs("linear 2d"))
     y = F.linear(x, w, b)
+    assert [type(f).__name__ for f, _ in y.grad_fn.next_functions] == ["AccumulateGrad"] * 3
     seen = []
     y.register_hook(lambda g: seen.append(g.shape))
+    y.grad_fn.register_prehook(lambda grads: seen.append("pre"))
+    y.grad_fn.register_hook(lambda grads, _: seen.append(len(grads)))
     y.sum().backward(retain_graph=True)
     first = w.grad.cpu().clone()
-    y.sum().backward()
+    with torch.autograd.set_detect_anomaly(True):
+        y.sum().backward()
     torch.testing.assert_close(w.grad.cpu(), 2 * first)
-    assert seen == [y.shape, y.shape]
+    assert seen == [y.shape, "pre", 3] * 2
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         y.sum().backward()
 
