@@ -47,6 +47,7 @@ LAUNCH_THREAD: bool | None = _flag("LAZY_LAUNCH_THREAD", default=None)
 # fused step, one node per call, where it computes the same (float32 and float64 parameters):
 # the foreach path records one node per arithmetic step and parameter list (lazy_torch/fused.py).
 FUSE_FOREACH_STEPS: bool = _flag("LAZY_FUSE_FOREACH_STEPS", default=True)
-# Record a linear layer under lazy autocast (addmm, F.linear) as one node, and its backward as one
-# (lazy_torch/linear.py), instead of its casts, views, products and their backward ops.
+# Record a linear layer (F.linear; under lazy autocast also addmm) as one node, and its backward as
+# one (lazy_torch/linear.py), instead of its transposes, products and their backward ops (and the
+# casts under autocast).
 FUSE_LINEAR: bool = _flag("LAZY_FUSE_LINEAR", default=True)
