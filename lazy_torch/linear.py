@@ -29,6 +29,7 @@ autograd keys are skipped and the Python key decomposes ``linear`` as before.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -55,13 +56,13 @@ def _backward(
     """The gradients of x, weight and bias (None where not needed): one node, or differentiable
     ops when the backward itself is recorded (``create_graph=True``)."""
     if torch.is_grad_enabled():
-        rows = grad.reshape(-1, grad.shape[-1])
+        rows = _rows(grad)
         w = weight.to(dtype)
         w = w.t() if transposed else w  # (in, out)
         grad_x = (rows @ w.t()).reshape(x.shape).to(x.dtype) if need_x else None
         grad_w = None
         if need_w:
-            grad_w = x.to(dtype).reshape(-1, x.shape[-1]).t() @ rows
+            grad_w = _rows(x.to(dtype)).t() @ rows
             grad_w = (grad_w.t() if transposed else grad_w).to(weight.dtype)
         grad_b = rows.sum(0).to(bias_dtype) if need_b else None
         return grad_x, grad_w, grad_b
@@ -73,6 +74,11 @@ def _backward(
     )
     values = [grad, x, weight]
     return tuple(record_op("lazy.linear_backward", values, (transposed,), metas, matmul=True))
+
+
+def _rows(t: Any) -> Any:
+    """``t`` as a matrix of its last dimension's rows (``-1`` is ambiguous when that is empty)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
 class LazyLinear(torch.autograd.Function):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -144,8 +145,9 @@ def _linear(ctx, input, weight, bias=None):
 
 
 def _rows(x: Any) -> Any:
-    """``x`` as a matrix of its last dimension's rows, as F.linear flattens its input."""
-    return x.reshape(-1, x.shape[-1])
+    """``x`` as a matrix of its last dimension's rows, as F.linear flattens its input (sizes
+    spelled out: ``-1`` is ambiguous for an empty last dimension)."""
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
 @lowering("lazy.linear")

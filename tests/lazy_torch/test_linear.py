@@ -253,6 +253,26 @@ def test_float32_errors_and_edge_shapes_are_eagers(x, w, b):
     torch.testing.assert_close(F.linear(*(a.to("lazy") for a in args)).cpu(), want)
 
 
+@pytest.mark.parametrize(
+    "x, w",
+    [((0, 16), (8, 16)), ((4, 0, 16), (8, 16)), ((4, 0), (8, 0)), ((2, 3, 0), (5, 0)),
+     ((4, 16), (0, 16))],
+)  # fmt: skip
+def test_empty_dimensions_match_eager(x, w, node_kind):
+    torch.manual_seed(0)
+    args = [torch.randn(x), torch.randn(w), torch.randn(w[0])]
+    results = []
+    for device in ("cpu", "lazy"):
+        tensors = [a.detach().to(device).requires_grad_() for a in args]
+        y = F.linear(*tensors)
+        y.square().sum().backward()
+        results.append([y.cpu(), *(t.grad.cpu() for t in tensors)])
+    assert y.grad_fn.name() == FUSED
+    for got, want in zip(results[1], results[0]):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+
+
 def test_mixed_dtypes_raise_eagers_error():
     x, w, b = torch.randn(4, 16), torch.randn(8, 16, dtype=torch.float64), torch.randn(8)
     with pytest.raises(RuntimeError) as eager:
