@@ -37,12 +37,6 @@ PyObject* dtype_object(c10::ScalarType t) {
     return d;
 }
 
-// PyObject for an optional tensor: a new reference (None when undefined).
-PyObject* wrap(const at::Tensor& t) {
-    if (!t.defined()) Py_RETURN_NONE;
-    return THPVariable_Wrap(t);
-}
-
 struct LazyLinearBackward : Node {
     SavedVariable x, weight;
     bool transposed = false;
@@ -64,8 +58,9 @@ struct LazyLinearBackward : Node {
         if (!grads[0].defined() || !(need[0] || need[1] || need[2])) return out;
         pybind11::gil_scoped_acquire gil;
         PyObject* args[9] = {
-            wrap(grads[0]), wrap(x_value), wrap(w_value), PyBool_FromLong(transposed),
-            dtype_object(dtype), bias_dtype ? dtype_object(*bias_dtype) : (Py_INCREF(Py_None), Py_None),
+            THPVariable_Wrap(grads[0]), THPVariable_Wrap(x_value), THPVariable_Wrap(w_value),
+            PyBool_FromLong(transposed), dtype_object(dtype),
+            bias_dtype ? dtype_object(*bias_dtype) : Py_NewRef(Py_None),
             PyBool_FromLong(need[0]), PyBool_FromLong(need[1]), PyBool_FromLong(need[2]),
         };
         PyObject* result = PyObject_Vectorcall(backward_fn, args, 9, nullptr);

@@ -51,14 +51,23 @@ def _layer(kind, x, w, b, dtype_ctx):
         return F.linear(x, w, b)
 
 
-def _run(kind, device, fuse=True, monkeypatch=None):
-    """The layer's output, its grad_fn's name, and the gradients of x, w, b."""
+def _run(kind, device, fuse=True, monkeypatch=None, dtype=None):
+    """The layer's output, its grad_fn's name, and the gradients of x, w, b: under bf16
+    autocast, or with ``dtype`` given, without it on inputs of that dtype."""
     if monkeypatch is not None:
         monkeypatch.setattr(runtime.config, "FUSE_LINEAR", fuse)
-    tensors = [None if t is None else t.to(device).requires_grad_() for t in _inputs(kind)]
-    ctx = autocast(dtype=BF16) if device == "lazy" else torch.autocast("cpu", dtype=BF16)
+    tensors = [
+        None if t is None else t.to(device=device, dtype=dtype).requires_grad_()
+        for t in _inputs(kind)
+    ]
+    if dtype is not None:
+        ctx = contextlib.nullcontext()
+    elif device == "lazy":
+        ctx = autocast(dtype=BF16)
+    else:
+        ctx = torch.autocast("cpu", dtype=BF16)
     y = _layer(kind, *tensors, ctx)
-    y.float().square().sum().backward()
+    (y if dtype is not None else y.float()).square().sum().backward()
     grads = [None if t is None else t.grad.cpu() for t in tensors]
     return y.cpu(), y.grad_fn.name(), grads
 
@@ -191,22 +200,11 @@ def node_kind(request, monkeypatch):
     return request.param
 
 
-def _plain(kind, device, fuse=True, monkeypatch=None, dtype=torch.float32):
-    """As _run, without autocast."""
-    if monkeypatch is not None:
-        monkeypatch.setattr(runtime.config, "FUSE_LINEAR", fuse)
-    tensors = [None if t is None else t.to(device, dtype).requires_grad_() for t in _inputs(kind)]
-    y = F.linear(*tensors)
-    y.square().sum().backward()
-    grads = [None if t is None else t.grad.cpu() for t in tensors]
-    return y.cpu(), y.grad_fn.name(), grads
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("kind", ["linear 2d", "linear 3d", "linear, no bias"])
 def test_single_dtype_layer_gives_the_ordinary_kernels_bits(kind, dtype, node_kind, monkeypatch):
-    y, name, grads = _plain(kind, "lazy", True, monkeypatch, dtype)
-    y0, name0, grads0 = _plain(kind, "lazy", False, monkeypatch, dtype)
+    y, name, grads = _run(kind, "lazy", True, monkeypatch, dtype)
+    y0, name0, grads0 = _run(kind, "lazy", False, monkeypatch, dtype)
     assert name == FUSED and name0 != FUSED
     assert y.dtype == dtype and torch.equal(y, y0)
     for i, (g, g0, t) in enumerate(zip(grads, grads0, _inputs(kind))):
@@ -225,8 +223,8 @@ def test_single_dtype_layer_gives_the_ordinary_kernels_bits(kind, dtype, node_ki
 
 @pytest.mark.parametrize("kind", ["linear 2d", "linear 3d", "linear, no bias"])
 def test_float32_layer_matches_eager(kind, node_kind):
-    y, _, grads = _plain(kind, "lazy")
-    want, _, want_grads = _plain(kind, "cpu")
+    y, _, grads = _run(kind, "lazy", dtype=torch.float32)
+    want, _, want_grads = _run(kind, "cpu", dtype=torch.float32)
     torch.testing.assert_close(y, want)
     for g, w in zip(grads, want_grads):
         torch.testing.assert_close(g, w)
