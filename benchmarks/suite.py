@@ -251,19 +251,18 @@ def _median_ms(values: list[float]) -> float | None:
     return _ms(statistics.median(values)) if values else None
 
 
-def _device_ms(steps: int, timeout: float = 10.0) -> float | None:
-    """Device time per step since the last metrics reset: the median execute_time when each step
-    ran one graph, else their sum over ``steps`` (syncs and fallbacks cut extra graphs)."""
-    deadline = time.perf_counter() + timeout
-    while True:  # the timer thread records an execution shortly after wait_device_ops() returns
-        times = lazy_torch.metrics.timings().get("execute_time", [])
-        executions = lazy_torch.metrics.counters().get("executions", 0)
-        if len(times) >= executions or time.perf_counter() > deadline:
-            break
-        time.sleep(0.001)
+def _device_ms(steps: int) -> float | None:
+    """Device time per step since the last metrics reset (after ``wait_device_ops``): the median
+    execute_time when each step ran one graph, else their mean times the graphs per step (syncs
+    and fallbacks cut extra graphs). The runtime times a sample of executions
+    (``runtime.config.TIME_EXECUTIONS``)."""
+    times = lazy_torch.metrics.timings().get("execute_time", [])
     if not times:
         return None
-    return _median_ms(times) if executions == steps else _ms(sum(times) / steps)
+    executions = lazy_torch.metrics.counters().get("executions", 0)
+    if executions == steps:
+        return _median_ms(times)
+    return _ms(statistics.fmean(times) * executions / steps)
 
 
 def _prefixed(counters: dict[str, int], prefix: str) -> dict[str, int]:
@@ -348,7 +347,11 @@ def _run(backend: str, wl: Workload, mode: str, args: argparse.Namespace) -> dic
         del out
         warm = lazy_torch.metrics.counters()
         lazy_torch.metrics.reset()
+    if lazy:  # synced steps, each waited for: time every execution (a sample back to back)
+        sampled, runtime.config.TIME_EXECUTIONS = runtime.config.TIME_EXECUTIONS, 1
     totals, hosts = _timed(step, finish, args.steps)
+    if lazy:
+        runtime.config.TIME_EXECUTIONS = sampled
     result["step_ms"] = _median_ms(totals)
     result["steps_ms"] = [_ms(t) for t in totals]
     result["load_1m"] = round(os.getloadavg()[0], 2)  # the machines are shared: was it busy?

@@ -109,7 +109,8 @@ def test_item_in_a_loop_is_reported_with_its_call_site():
     assert lazy_torch.metrics.counters()["syncs::item"] == 3
 
 
-def test_report_has_percentiles_of_timings_and_graph_sizes():
+def test_report_has_percentiles_of_timings_and_graph_sizes(monkeypatch):
+    monkeypatch.setattr(runtime.config, "TIME_EXECUTIONS", 1)  # time every execution
     x = torch.ones(8, device="lazy")
     for _ in range(4):
         x = (x * 1.5).relu()
@@ -128,6 +129,39 @@ def test_report_has_percentiles_of_timings_and_graph_sizes():
     for name in ("execute_time", "trace_time", "transfer_from_device_time", "graph_nodes"):
         line = next(s for s in report.splitlines() if s.strip().startswith(name + ":"))
         assert all(p in line for p in ("median=", "p90=", "p99=", "max=")), line
+
+
+def _executions(n: int, synced: bool) -> list[float]:
+    """execute_time of ``n`` executions of one graph, waited for one by one or back to back."""
+    x = torch.ones(8, device="lazy")
+    lazy_torch.mark_step(wait=True)
+    lazy_torch.metrics.reset()
+    for _ in range(n):
+        x = (x * 1.5).relu()
+        lazy_torch.mark_step(wait=synced)
+    lazy_torch.wait_device_ops()
+    assert lazy_torch.metrics.counters()["executions"] == n
+    return lazy_torch.metrics.timings().get("execute_time", [])
+
+
+def test_execute_time_samples_pairs_of_executions(monkeypatch):
+    monkeypatch.setattr(runtime.config, "TIME_EXECUTIONS", 4)
+    # Waited for one by one, every execution of the sampled pairs has a known start: 2 in 4.
+    times = _executions(12, synced=True)
+    assert len(times) == 6 and all(t > 0 for t in times)
+    # Back to back, the first of a pair may start behind an untimed one: then only the second.
+    times = _executions(12, synced=False)
+    assert 3 <= len(times) <= 6 and all(t > 0 for t in times)
+
+
+def test_execute_time_times_every_execution_while_listened_to(monkeypatch):
+    monkeypatch.setattr(runtime.config, "TIME_EXECUTIONS", 1000)
+    stop = runtime.metrics.listen(lambda event: None)
+    try:
+        times = _executions(5, synced=False)
+    finally:
+        stop()
+    assert len(times) == 5 and all(t > 0 for t in times)
 
 
 def test_nodes_remember_their_user_line_when_recording(monkeypatch):
