@@ -5,6 +5,9 @@ layer's autograd node.
   tensors. Every op on a lazy tensor makes one or more wrapper tensors, and PyTorch's version
   spends most of its time (about 0.8 of 1.05 µs on this project's CPU) in its general argument
   parser; this one reads exactly the arguments lazy_torch passes.
+- ``set_detach`` (``csrc/wrapper.cpp``): the wrappers' TensorImpl calls the class's
+  ``__torch_dispatch__`` with ``aten.detach`` itself when autograd detaches a lazy tensor (saving
+  an output, unpacking it), where PyTorch's route imports torch and looks the op up on each call.
 - ``linear`` and ``set_linear_backward`` (``csrc/linear.cpp``) give linear.py's fused layer a C++
   autograd node instead of a ``torch.autograd.Function``.
 

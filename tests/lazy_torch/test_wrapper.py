@@ -104,3 +104,83 @@ def test_a_failed_build_falls_back_once(tmp_path, monkeypatch, capfd):
     with pytest.warns(UserWarning, match="could not be built"):
         assert _wrapper.load() is None
     assert capfd.readouterr().err == ""  # not tried again for the same torch and source
+
+
+# Autograd's detaches of lazy tensors: wrapper.cpp's own route to __torch_dispatch__, and
+# PyTorch's (set_detach(None, None)), must give the same tensors and errors.
+
+
+@pytest.fixture(params=["extension", "pytorch"])
+def detach_route(request):
+    from lazy_torch.tensor import extension
+
+    if extension is None:
+        pytest.skip("the wrapper extension is not in use")
+    if request.param == "pytorch":
+        extension.set_detach(None, None)
+    yield request.param
+    extension.set_detach(LazyTensor.__torch_dispatch__, torch.ops.aten.detach.default)
+
+
+def test_saved_outputs_are_lazy_and_gradients_match_eager(detach_route):
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    lx = x.detach().to("lazy").requires_grad_()
+    for t in (x, lx):
+        y = t.exp().tanh().sigmoid()  # each saves its output
+        y.sum().backward()
+    saved, eager = lx.exp().grad_fn._saved_result, x.exp().grad_fn._saved_result
+    assert type(saved) is LazyTensor
+    assert (saved.requires_grad, saved.is_leaf, type(saved.grad_fn)) == (
+        eager.requires_grad, eager.is_leaf, type(eager.grad_fn)
+    )
+    torch.testing.assert_close(saved.cpu(), eager.detach())
+    torch.testing.assert_close(lx.grad.cpu(), x.grad)
+    d = lx.exp().data
+    assert type(d) is LazyTensor and not d.requires_grad
+    torch.testing.assert_close(d.cpu(), x.detach().exp())
+
+
+def test_modifying_a_saved_output_raises_eagers_error(detach_route):
+    def error(device: str) -> str:
+        t = torch.ones(4, device=device, requires_grad=True)
+        y = t.exp()
+        y.add_(1)
+        with pytest.raises(RuntimeError) as e:
+            y.sum().backward()
+        return str(e.value).split("]], ")[1]  # after the tensor's type name
+
+    assert error("lazy") == error("cpu")
+    assert "which is output 0 of Exp, is at version 1; expected version 0" in error("cpu")
+
+
+def test_a_dispatch_mode_sees_the_detach(detach_route):
+    class Seen(torch.utils._python_dispatch.TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.funcs = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.funcs.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.ones(2, device="lazy", requires_grad=True)
+    with Seen() as seen:
+        x.exp()
+    assert torch.ops.aten.detach.default in seen.funcs
+
+
+@needs_build
+def test_an_error_in_the_detach_reaches_the_caller():
+    from lazy_torch.tensor import extension
+
+    def failing(func, types, args, kwargs):
+        raise ValueError("detach failed")
+
+    x = torch.ones(2, device="lazy", requires_grad=True)
+    extension.set_detach(failing, torch.ops.aten.detach.default)
+    try:
+        with pytest.raises(ValueError, match="detach failed"):
+            x.exp()  # autograd saves the output
+    finally:
+        extension.set_detach(LazyTensor.__torch_dispatch__, torch.ops.aten.detach.default)
+    assert x.exp().grad_fn is not None
