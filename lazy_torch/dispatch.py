@@ -468,18 +468,21 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
     return tuple(ops.srcs), tuple(templates), metas, ops.device, tuple(counts)
 
 
+_SCHEMA_ARGUMENTS: dict[Any, tuple[tuple[str, Any], ...]] = {}  # op -> (name, default) each
+
+
 def bound_arguments(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Every argument of a call of ``func`` by its schema name, in schema order, defaults filled
     in."""
-    values = {}
-    for i, a in enumerate(func._schema.arguments):
-        if i < len(args):
-            values[a.name] = args[i]
-        elif a.name in kwargs:
-            values[a.name] = kwargs[a.name]
-        else:
-            values[a.name] = a.default_value
-    return values
+    schema = _SCHEMA_ARGUMENTS.get(func)
+    if schema is None:  # reading a schema makes Python objects of all of it: once per op
+        schema = tuple((a.name, a.default_value) for a in func._schema.arguments)
+        _SCHEMA_ARGUMENTS[func] = schema
+    n = len(args)
+    return {
+        name: args[i] if i < n else kwargs.get(name, default)
+        for i, (name, default) in enumerate(schema)
+    }
 
 
 def record_update(op: str, values: list, attrs: tuple, targets: list) -> None:

@@ -289,7 +289,7 @@ def run_graph(
     # Listeners (LAZY_DEBUG) get each execution's line, with its dispatch time, in order.
     asynchronous = _launcher.threaded and defer_checks and not metrics.listening()
     launch, outputs = _launcher.submit(
-        functools.partial(_execute, exe, values, _describe(graph)), len(graph.roots) + 1
+        functools.partial(_execute, exe, values, graph), len(graph.roots) + 1
     )
     if not asynchronous:
         launch.wait()  # a failed call raises here, before any storage takes its results
@@ -320,7 +320,7 @@ def run_graph(
     return tuple(outputs)
 
 
-def _execute(exe: Executable, values: list, describe: str) -> tuple:
+def _execute(exe: Executable, values: list, graph: Graph) -> tuple:
     """Call ``exe`` (on the launch thread): its roots, in root order, then its check rows."""
     start = time.perf_counter()
     try:
@@ -328,7 +328,7 @@ def _execute(exe: Executable, values: list, describe: str) -> tuple:
     except GraphError:
         raise  # an earlier launch's, read from its result
     except Exception as e:
-        raise GraphError(f"running {describe} failed: {type(e).__name__}: {e}") from e
+        raise GraphError(f"running {_describe(graph)} failed: {type(e).__name__}: {e}") from e
     dispatched = time.perf_counter()
     if exe.restore is not None:
         outputs = exe.restore(outputs)

@@ -122,8 +122,9 @@ def test_a_failed_asynchronous_launch_raises_on_reads_and_once_at_the_next_barri
     lazy_torch.mark_step()
     real = executor._execute
 
-    def failing(exe, values, describe):
-        raise runtime.GraphError(f"running {describe} failed: RuntimeError: device lost")
+    def failing(exe, values, graph):
+        what = executor._describe(graph)
+        raise runtime.GraphError(f"running {what} failed: RuntimeError: device lost")
 
     monkeypatch.setattr(executor, "_execute", failing)
     y = x * 4
@@ -162,8 +163,9 @@ def test_a_forked_child_starts_its_own_launch_thread():
 def test_a_parameter_free_graph_whose_launch_failed_runs_again(launch_thread, monkeypatch):
     real = executor._execute
 
-    def failing(exe, values, describe):
-        raise runtime.GraphError(f"running {describe} failed: RuntimeError: device lost")
+    def failing(exe, values, graph):
+        what = executor._describe(graph)
+        raise runtime.GraphError(f"running {what} failed: RuntimeError: device lost")
 
     monkeypatch.setattr(executor, "_execute", failing)
     y = torch.ones(3, device="lazy") + 1  # no parameters: its results are kept for reuse
