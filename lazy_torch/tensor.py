@@ -135,7 +135,6 @@ class LazyTensor(torch.Tensor):
 _dense_strides: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
-
 if extension is not None:
     # Autograd's detaches of lazy tensors (saving an output, unpacking it in the backward) reach
     # __torch_dispatch__ straight from C++ instead of through PyTorch's lookup of the op per call.

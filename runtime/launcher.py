@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 _DONE = threading.Event()
 _DONE.set()
 

@@ -131,7 +131,9 @@ def test_saved_outputs_are_lazy_and_gradients_match_eager(detach_route):
     saved, eager = lx.exp().grad_fn._saved_result, x.exp().grad_fn._saved_result
     assert type(saved) is LazyTensor
     assert (saved.requires_grad, saved.is_leaf, type(saved.grad_fn)) == (
-        eager.requires_grad, eager.is_leaf, type(eager.grad_fn)
+        eager.requires_grad,
+        eager.is_leaf,
+        type(eager.grad_fn),
     )
     torch.testing.assert_close(saved.cpu(), eager.detach())
     torch.testing.assert_close(lx.grad.cpu(), x.grad)
