@@ -347,11 +347,11 @@ def _run(backend: str, wl: Workload, mode: str, args: argparse.Namespace) -> dic
         del out
         warm = lazy_torch.metrics.counters()
         lazy_torch.metrics.reset()
-    if lazy:  # synced steps, each waited for: time every execution (a sample back to back)
-        sampled, runtime.config.TIME_EXECUTIONS = runtime.config.TIME_EXECUTIONS, 1
+    # Synced steps, each waited for: lazy times every execution (back to back, a sample).
+    sampled = runtime.config.TIME_EXECUTIONS
+    runtime.config.TIME_EXECUTIONS = 1
     totals, hosts = _timed(step, finish, args.steps)
-    if lazy:
-        runtime.config.TIME_EXECUTIONS = sampled
+    runtime.config.TIME_EXECUTIONS = sampled
     result["step_ms"] = _median_ms(totals)
     result["steps_ms"] = [_ms(t) for t in totals]
     result["load_1m"] = round(os.getloadavg()[0], 2)  # the machines are shared: was it busy?

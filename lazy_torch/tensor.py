@@ -132,13 +132,13 @@ class LazyTensor(torch.Tensor):
         return to_cpu(self, cause="save").__reduce_ex__(protocol)
 
 
-_dense_strides: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
 if extension is not None:
     # Autograd's detaches of lazy tensors (saving an output, unpacking it in the backward) reach
     # __torch_dispatch__ straight from C++ instead of through PyTorch's lookup of the op per call.
     extension.set_detach(LazyTensor.__torch_dispatch__, torch.ops.aten.detach.default)
+
+
+_dense_strides: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
 def _dense_stride(shape: tuple[int, ...]) -> tuple[int, ...]:

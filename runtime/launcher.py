@@ -20,18 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-_DONE = threading.Event()
-_DONE.set()
-
 
 class Launch:
     """One executable call, queued or done: its outputs, or the error it raised."""
 
     __slots__ = ("_done", "error", "outputs", "seconds")
 
-    def __init__(self, at_once: bool = False) -> None:
-        # A launch run at once, on the thread that submits it, is done before anyone sees it.
-        self._done = _DONE if at_once else threading.Event()
+    def __init__(self) -> None:
+        self._done = threading.Event()
         self.outputs: tuple = ()
         self.error: BaseException | None = None
         self.seconds = 0.0  # how long the call took
@@ -115,11 +111,10 @@ class Launcher:
     def submit(self, call: Callable[[], tuple], n_outputs: int) -> tuple[Launch, list]:
         """Launch ``call`` (it reads its arguments with ``resolve``); returns the launch and its
         ``n_outputs`` outputs: ``Deferred`` ones when threaded, else the call's own."""
+        launch = Launch()
         if not self.threaded:
-            launch = Launch(at_once=True)
             launch.run(call)
             return launch, list(launch.wait())
-        launch = Launch()
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lazy-launch", daemon=True)

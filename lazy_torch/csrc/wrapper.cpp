@@ -26,6 +26,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
@@ -44,35 +45,34 @@ struct LazyImpl final : c10::TensorImpl {
 
     c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
         const c10::VariableVersion& version, bool allow_metadata_change) const override {
-        auto r = detached();
-        if (!r) return c10::TensorImpl::shallow_copy_and_detach(version, allow_metadata_change);
-        r->set_version_counter(version);
-        r->set_allow_tensor_metadata_change(allow_metadata_change);
-        return r;
+        return detach(version, allow_metadata_change);
     }
 
     c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
         c10::VariableVersion&& version, bool allow_metadata_change) const override {
+        return detach(std::move(version), allow_metadata_change);
+    }
+
+  private:
+    // Both overloads: TensorImpl's own, or the tensor __torch_dispatch__ gives for aten.detach.
+    template <typename Version>
+    c10::intrusive_ptr<c10::TensorImpl> detach(Version&& version,
+                                               bool allow_metadata_change) const {
         auto r = detached();
         if (!r)
-            return c10::TensorImpl::shallow_copy_and_detach(std::move(version),
+            return c10::TensorImpl::shallow_copy_and_detach(std::forward<Version>(version),
                                                             allow_metadata_change);
-        r->set_version_counter(std::move(version));
+        r->set_version_counter(std::forward<Version>(version));
         r->set_allow_tensor_metadata_change(allow_metadata_change);
         return r;
     }
 
-  private:
     // The detached tensor's impl, from __torch_dispatch__; null where TensorImpl's own applies.
     c10::intrusive_ptr<c10::TensorImpl> detached() const {
         if (s_dispatch == nullptr || c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
             c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python))
             return {};
-        PyGILState_STATE gil = PyGILState_Ensure();
-        struct Release {
-            PyGILState_STATE state;
-            ~Release() { PyGILState_Release(state); }
-        } release{gil};
+        pybind11::gil_scoped_acquire gil;
         at::impl::MaybeSetTLSOnEntryGuard guard;
         auto self = c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(
             const_cast<LazyImpl*>(this));
