@@ -491,19 +491,16 @@ def record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
     (tensors, nodes such as scalar leaves, and Python numbers as graph scalars; one operand each);
     its lowering gets them as one tuple, then ``attrs``."""
     try:
-        if _native is None or not _native.update(op, values, attrs, targets):
-            _record_update(op, values, attrs, targets)
+        if _native is not None and _native.update(op, values, attrs, targets):
+            return
+        srcs = tuple(_operands_of(values).srcs)
+        node = _multi_node(
+            op, srcs, ((operands(len(srcs)), *attrs), ()), [t._meta for t in targets]
+        )
+        for k, target in enumerate(targets):
+            target._lazy.assign(getitem(node, k))
     except NotWritable as e:
         raise RuntimeError(str(e)) from None
-
-
-def _record_update(op: str, values: list, attrs: tuple, targets: list) -> None:
-    ops = _operands_of(values)
-    srcs = tuple(ops.srcs)
-    arg = ((operands(len(srcs)), *attrs), ())
-    node = _multi_node(op, srcs, arg, [t._meta for t in targets])
-    for k, target in enumerate(targets):
-        target._lazy.assign(getitem(node, k))
 
 
 def record_op(op: str, values: list, attrs: tuple, meta: Any, matmul: bool = False) -> Any:
@@ -511,9 +508,13 @@ def record_op(op: str, values: list, attrs: tuple, meta: Any, matmul: bool = Fal
     tensor of Meta ``meta``, or a tuple of them for a tuple of Metas (None: an output the op does
     not produce). Its lowering gets each value, then ``attrs``; a ``matmul`` at PyTorch's float32
     matmul precision."""
+    kwargs = (("_precision", _matmul_precision()),) if matmul else ()
+    if _native is not None:
+        out = _native.outputs(op, values, attrs, kwargs, meta)
+        if out is not None:
+            return out
     ops = _operands_of(values)
     srcs = tuple(ops.srcs)
-    kwargs = (("_precision", _matmul_precision()),) if matmul else ()
     return _wrap_outputs(op, srcs, ((operands(len(srcs)), *attrs), kwargs), meta, ops.device)
 
 

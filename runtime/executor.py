@@ -33,7 +33,7 @@ class GraphError(RuntimeError):
 
 
 class Executable:
-    __slots__ = ("compiled", "errors", "layout", "restore")
+    __slots__ = ("compiled", "errors", "layout", "numbers", "restore")
 
     def __init__(
         self, compiled: Any, errors: list, layout: ParamLayout, order: tuple[int, ...] | None
@@ -41,6 +41,9 @@ class Executable:
         self.compiled = compiled
         self.errors = errors  # how to build the error of each runtime-check row (program.py)
         self.layout = layout  # the arguments of the graph's parameters
+        # Per packed scalar argument: the bytes of its last value and, once a call passed the
+        # same bytes again, their device copy (_param_values).
+        self.numbers: list[tuple[bytes, Any]] = [(b"", None)] * len(layout.groups)
         # Takes the outputs from ``order`` (the executable's: position -> root) back to root
         # order; None when they come in it.
         self.restore = None if order is None else _restorer(order)
@@ -218,13 +221,28 @@ def _recycles(device_index: int) -> bool:
     return device(device_index).platform not in ("cpu", "tpu")
 
 
-def _param_values(graph: Graph, layout: ParamLayout) -> list[Any]:
+def _param_values(graph: Graph, exe: Executable, device_index: int) -> list[Any]:
+    """The call's arguments: the buffer parameters, then an array per packed scalar dtype.
+
+    A packed array the call passed last time too (a constant learning rate) is passed as its
+    device copy, made once: a host array costs the call a transfer each time. One that changes
+    (Adam's bias corrections) goes as the host array, as the call would copy it anyway.
+    """
     params = graph.params
+    layout = exe.layout
     values = [params[i].payload for i in layout.data]
-    values += [
-        np.array([params[i].payload for i in members], dtype=jax.numpy.dtype(dtype))
-        for dtype, members in layout.groups
-    ]
+    for g, (dtype, members) in enumerate(layout.groups):
+        array = np.array([params[i].payload for i in members], dtype=jax.numpy.dtype(dtype))
+        raw = array.tobytes()  # bytes: -0.0 and 0.0 differ, equal NaNs match
+        last, copy = exe.numbers[g]
+        if raw != last:
+            exe.numbers[g] = (raw, None)
+            values.append(array)
+            continue
+        if copy is None:
+            copy = jax.device_put(array, device(device_index))
+            exe.numbers[g] = (raw, copy)
+        values.append(copy)
     return values
 
 
@@ -282,7 +300,7 @@ def run_graph(
         exe = _cache[key] = _compile(graph, device_index, donate, cause, site, order, spares)
         if recycles:
             _donations.compiled(graph.key, plan)
-    values = [*_param_values(graph, exe.layout), *plan.values]
+    values = [*_param_values(graph, exe, device_index), *plan.values]
     if _launcher.threaded is None:
         threaded = config.LAUNCH_THREAD
         _launcher.threaded = device(0).platform != "cpu" if threaded is None else threaded

@@ -24,10 +24,14 @@ from typing import Any
 class Launch:
     """One executable call, queued or done: its outputs, or the error it raised."""
 
-    __slots__ = ("_done", "error", "outputs", "seconds")
+    __slots__ = ("_finished", "_running", "error", "outputs", "seconds")
 
     def __init__(self) -> None:
-        self._done = threading.Event()
+        # Held from here until the call returns: waiting is taking it (an Event's condition
+        # variable costs microseconds to make, and a launch is made every step).
+        self._running = threading.Lock()
+        self._running.acquire()
+        self._finished = False
         self.outputs: tuple = ()
         self.error: BaseException | None = None
         self.seconds = 0.0  # how long the call took
@@ -40,10 +44,11 @@ class Launch:
             self.error = e
         finally:
             self.seconds = time.perf_counter() - start
-            self._done.set()
+            self._finished = True
+            self._running.release()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def wait(self) -> tuple:
         """The outputs, once the call has returned (raises its error)."""
@@ -53,8 +58,9 @@ class Launch:
 
     def wait_quietly(self) -> BaseException | None:
         """Wait for the call to return; its error, if it raised one."""
-        if not self._done.is_set():
-            self._done.wait()
+        if not self._finished:
+            with self._running:  # taken once the call has returned, then given back at once
+                pass
         return self.error
 
 

@@ -576,23 +576,12 @@ PyObject* foreach_outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     return targets;
 }
 
-// update(op, values, attrs, targets): the Python path's record_update (lazy_torch/dispatch.py).
-// One ``op`` node over the operands of ``values`` (lazy tensors, other tensors as foreign
-// operands, nodes, Python numbers; one operand each, equal numbers too), with ``arg``
-// ((markers, *attrs), ()); its output k becomes the value of lazy tensor targets[k], in its
-// shape and dtype. True once recorded; None, with nothing recorded, where the Python path must
-// do it (it raises the errors).
-PyObject* update(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_CheckExact(argv[1]) || !PyTuple_CheckExact(argv[2]) ||
-        !PyList_CheckExact(argv[3])) {
-        PyErr_SetString(PyExc_TypeError, "update(op, values: list, attrs: tuple, targets: list)");
-        return nullptr;
-    }
-    PyObject *values = argv[1], *targets = argv[3];
-    Operands ops;
-    Py_ssize_t nt = PyList_GET_SIZE(targets);
-    Ref metas(PyList_New(nt));
-    bool ok = ops.srcs && ops.keys && metas;
+// The operands of ``values`` (lazy tensors, other tensors as foreign operands, nodes, Python
+// numbers; one operand each, equal numbers too) into ``ops``, and the node argument
+// ((markers, *attrs), kwargs) of an op over them: the Python path's _operands_of. nullptr, with
+// no error set, where the Python path must do it (it raises the errors).
+PyObject* value_operands(Operands& ops, PyObject* values, PyObject* attrs, PyObject* kwargs) {
+    bool ok = ops.srcs && ops.keys;
     for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(values); i++) {
         PyObject* v = PyList_GET_ITEM(values, i);
         if (Py_TYPE(v) == &NodeType) {
@@ -611,26 +600,82 @@ PyObject* update(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
         }
         ok = (bool)added;
     }
-    for (Py_ssize_t k = 0; ok && k < nt; k++) {
-        PyObject* t = PyList_GET_ITEM(targets, k);
-        ok = Py_TYPE(t) == (PyTypeObject*)cfg.tensor_type;
-        PyObject* meta = ok ? PyObject_GetAttr(t, s_meta) : nullptr;
-        ok = meta != nullptr;
-        if (ok) PyList_SET_ITEM(metas.p, k, meta);
-    }
     Py_ssize_t n = ok ? PyList_GET_SIZE(ops.srcs.p) : 0;
     Ref markers(ok && n <= PyTuple_GET_SIZE(cfg.operands) ? PyTuple_GetSlice(cfg.operands, 0, n)
                                                           : nullptr);
-    if (!markers) {
+    Ref head(markers ? PyTuple_Pack(1, markers.p) : nullptr);
+    Ref joined(head ? PySequence_Concat(head.p, attrs) : nullptr);
+    if (!joined) {
         PyErr_Clear();
+        return nullptr;
+    }
+    return PyTuple_Pack(2, joined.p, kwargs);
+}
+
+// update(op, values, attrs, targets): the Python path's record_update (lazy_torch/dispatch.py).
+// One ``op`` node over the operands of ``values`` with ``arg`` ((markers, *attrs), ()); its
+// output k becomes the value of lazy tensor targets[k], in its shape and dtype. True once
+// recorded; None, with nothing recorded, where the Python path must do it.
+PyObject* update(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_CheckExact(argv[1]) || !PyTuple_CheckExact(argv[2]) ||
+        !PyList_CheckExact(argv[3])) {
+        PyErr_SetString(PyExc_TypeError, "update(op, values: list, attrs: tuple, targets: list)");
+        return nullptr;
+    }
+    PyObject* targets = argv[3];
+    Operands ops;
+    Py_ssize_t nt = PyList_GET_SIZE(targets);
+    Ref metas(PyList_New(nt));
+    if (!metas) return nullptr;
+    Ref no_kwargs(PyTuple_New(0));
+    Ref arg(no_kwargs ? value_operands(ops, argv[1], argv[2], no_kwargs.p) : nullptr);
+    if (!arg) {
+        if (PyErr_Occurred()) return nullptr;
         Py_RETURN_NONE;
     }
-    Ref head(PyTuple_Pack(1, markers.p));
-    Ref attrs(head ? PySequence_Concat(head.p, argv[2]) : nullptr);
-    Ref arg(attrs ? Py_BuildValue("(O())", attrs.p) : nullptr);
-    Ref srcs(arg ? PyList_AsTuple(ops.srcs.p) : nullptr);
+    for (Py_ssize_t k = 0; k < nt; k++) {
+        PyObject* t = PyList_GET_ITEM(targets, k);
+        PyObject* meta = Py_TYPE(t) == (PyTypeObject*)cfg.tensor_type ? PyObject_GetAttr(t, s_meta)
+                                                                       : nullptr;
+        if (meta == nullptr) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        PyList_SET_ITEM(metas.p, k, meta);
+    }
+    Ref srcs(PyList_AsTuple(ops.srcs.p));
     if (!srcs || !assign_outputs(argv[0], srcs.p, arg.p, metas.p, targets)) return nullptr;
     Py_RETURN_TRUE;
+}
+
+// outputs(op, values, attrs, kwargs, meta): the Python path's record_op. One ``op`` node over the
+// operands of ``values`` (as update's) with ``arg`` ((markers, *attrs), kwargs); returns its new
+// tensor for a single Meta, else a tensor per Meta (None where the op produces none) in a tuple
+// or list as ``meta`` is. None, with nothing recorded, where the Python path must do it.
+PyObject* outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_CheckExact(argv[1]) || !PyTuple_CheckExact(argv[2]) ||
+        !PyTuple_CheckExact(argv[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "outputs(op, values: list, attrs: tuple, kwargs: tuple, meta)");
+        return nullptr;
+    }
+    PyObject* meta = argv[4];
+    Operands ops;
+    Ref arg(value_operands(ops, argv[1], argv[2], argv[3]));
+    if (!arg || !ops.device) {
+        if (PyErr_Occurred()) return nullptr;
+        Py_RETURN_NONE;
+    }
+    PyObject* dtype_name;
+    bool single = is_single_meta(meta, &dtype_name);
+    if (PyErr_Occurred()) return nullptr;
+    if (!single && !PyTuple_CheckExact(meta) && !PyList_CheckExact(meta)) Py_RETURN_NONE;
+    Ref srcs(PyList_AsTuple(ops.srcs.p));
+    if (!srcs) return nullptr;
+    if (!single) return record_outputs(argv[0], srcs.p, arg.p, meta, ops.device.p);
+    PyObject* node_args[5] = {argv[0], srcs.p, arg.p, dtype_name, PyTuple_GET_ITEM(meta, 0)};
+    Ref node(node_new(&NodeType, node_args, 5, nullptr));
+    return node ? fresh(node.p, meta, ops.device.p) : nullptr;
 }
 
 PyMethodDef recording_methods[] = {
@@ -641,6 +686,9 @@ PyMethodDef recording_methods[] = {
      "foreach_outputs(op, srcs, arg, metas, device, targets): a foreach op's results as one node."},
     {"update", (PyCFunction)(void (*)(void))update, METH_FASTCALL,
      "update(op, values, attrs, targets) -> True, or None for the Python path: record_update."},
+    {"outputs", (PyCFunction)(void (*)(void))outputs, METH_FASTCALL,
+     "outputs(op, values, attrs, kwargs, meta) -> its tensor(s), or None for the Python path: "
+     "record_op."},
     {nullptr, nullptr, 0, nullptr}};
 
 bool add_recording(PyObject* module) {

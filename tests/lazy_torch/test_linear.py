@@ -333,8 +333,10 @@ def test_double_backward_in_float32(node_kind, monkeypatch):
         gx.square().sum().backward()
         return gx.cpu(), w.grad.cpu(), b.grad.cpu()
 
+    # The two record the same products summed in different orders (XLA's CPU code differs by
+    # processor): float32 rounding of sums of values in the hundreds.
     for a, b in zip(penalty(True), penalty(False)):
-        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_no_grad_and_inference_mode():

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import lazy_torch
+from lazy_core import scalar_leaf
 from lazy_torch import dispatch as python_path
-from lazy_torch.tensor import _native
+from lazy_torch.tensor import _native, dense_meta
 
 if _native is None:
     pytest.skip("the C fast path is not built or LAZY_NATIVE=0", allow_module_level=True)
@@ -198,3 +199,35 @@ def test_foreach_outputs_decline_what_does_not_fit(case):
     assert python_path._foreach_outputs(python_path.FOREACH, *found, targets) is None
     assert _native.foreach_outputs(python_path.FOREACH, *found, targets) is None
     assert [t._lazy.node for t in targets or xs] == before
+
+
+@pytest.mark.parametrize("metas", ["one", "tuple", "list"])
+def test_record_op_matches_the_python_path(metas, monkeypatch):
+    x, w = torch.randn(4, 3, device="lazy"), torch.randn(5, 3, device="lazy")
+    leaf = scalar_leaf(0.5, "float64")
+    values = [x, w, 2.5, 0, leaf]  # tensors, a graph scalar, a constant, a node
+    one = dense_meta((4, 5), torch.float32)
+    meta = {
+        "one": one,
+        "tuple": (one, None, dense_meta((5,), torch.float64)),
+        "list": [None, one],
+    }[metas]
+    attrs, kwargs = (True, "a"), (("_precision", "highest"),)
+    fast = _native.outputs("lazy.test", values, attrs, kwargs, meta)
+    monkeypatch.setattr(python_path, "_native", None)
+    slow = python_path.record_op("lazy.test", values, attrs, meta, matmul=True)
+    assert type(fast) is type(slow)
+    for f, s in zip(_outputs(fast), _outputs(slow)):
+        assert (f is None) == (s is None)
+        if f is not None:
+            assert type(f) is type(s) and f._meta == s._meta
+            assert f._lazy.node.hash == s._lazy.node.hash
+            assert f._lazy.node.arg == s._lazy.node.arg
+
+
+def test_record_op_hands_errors_to_the_python_path():
+    x, cpu = torch.randn(2, device="lazy"), torch.randn(2)
+    meta = dense_meta((2,), torch.float32)
+    assert _native.outputs("lazy.test", [x, cpu], (), (), meta) is None
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        python_path.record_op("lazy.test", [x, cpu], (), meta)
