@@ -11,6 +11,13 @@ the Python thread's and the rest's (XLA's pool, the runtime's threads). No sched
 steps faster than their CPU time spread over every core, so lazy's step time is at least (Python
 + the rest) / cores, and that bound against JAX's measured step time says how close to the
 ceiling lazy can come on this machine. Rounds alternate the backends; medians are printed.
+
+The third row, ``jax+torch``, is what a lazy backend that cost nothing would take: JAX's step
+followed by PyTorch's own host work for the same training step (the workload at ``--size tiny``,
+its layers a few elements wide, on eager CPU: modules, autograd and the optimizer, with next to
+no compute). A backend that takes PyTorch programs pays at least that work on the Python thread
+while XLA runs on the cores, so its ratio to JAX is the nearest any such backend comes to the
+ceiling here, and lazy's ratio to it is what lazy itself adds.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import os
 import statistics
 import threading
 import time
+from typing import Any
 
 import jax
 import suite
@@ -43,9 +51,27 @@ def _thread_seconds() -> dict[int, float]:
     return out
 
 
-def _measure(backend: str, wl: suite.Workload, args: argparse.Namespace) -> dict[str, float]:
+def _jax_and_frontend(name: str, wl: suite.Workload, args: argparse.Namespace):
+    """JAX's training step, then PyTorch's host work for it: the same step at ``--size tiny``
+    on eager CPU."""
+    jax_step, finish = suite.BACKENDS["jax"]("jax", wl, "train", args)
+    tiny = argparse.Namespace(**{**vars(args), "device": "cpu"})
+    frontend, _ = suite.BACKENDS["eager"]("eager", suite.WORKLOADS[name]("tiny"), "train", tiny)
+
+    def step() -> Any:
+        out = jax_step()
+        frontend()
+        return out
+
+    return step, finish
+
+
+def _measure(backend: str, name: str, wl: suite.Workload, args: argparse.Namespace):
     """ms per step: the period, the Python thread's CPU time and the other threads'."""
-    step, finish = suite.BACKENDS[backend](backend, wl, "train", args)
+    if backend == "jax+torch":
+        step, finish = _jax_and_frontend(name, wl, args)
+    else:
+        step, finish = suite.BACKENDS[backend](backend, wl, "train", args)
     lazy = backend == "lazy"
     for _ in range(args.warmup):
         finish(step())
@@ -81,23 +107,26 @@ def main() -> None:
         parser.error("measures XLA's CPU platform: run without LAZY_PLATFORM")
     cores = len(os.sched_getaffinity(0))
     print(f"{cores} cores; ms per training step, back to back, medians of {args.rounds} rounds")
-    print(f"{'workload':9s}{'backend':8s}{'step':>7s}{'python':>8s}{'rest':>7s}{'cpu':>7s}"
+    print(f"{'workload':9s}{'backend':10s}{'step':>7s}{'python':>8s}{'rest':>7s}{'cpu':>7s}"
           f"{'cpu/cores':>10s}")  # fmt: skip
     for name in args.workloads:
         wl = suite.WORKLOADS[name](args.size)
-        rows: dict[str, list[dict[str, float]]] = {"lazy": [], "jax": []}
+        rows: dict[str, list[dict[str, float]]] = {"lazy": [], "jax": [], "jax+torch": []}
         for _ in range(args.rounds):
             for backend, measured in rows.items():
-                measured.append(_measure(backend, wl, args))
+                measured.append(_measure(backend, name, wl, args))
         med = {b: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for b, rs in rows.items()}
         for backend, m in med.items():
             cpu = m["python"] + m["rest"]
-            print(f"{name:9s}{backend:8s}{m['period']:7.2f}{m['python']:8.2f}{m['rest']:7.2f}"
+            print(f"{name:9s}{backend:10s}{m['period']:7.2f}{m['python']:8.2f}{m['rest']:7.2f}"
                   f"{cpu:7.2f}{cpu / cores:10.2f}")  # fmt: skip
         bound = (med["lazy"]["python"] + med["lazy"]["rest"]) / cores
+        period = {b: m["period"] for b, m in med.items()}
         print(
-            f"  lazy/JAX step {med['lazy']['period'] / med['jax']['period']:.2f}x; lazy's CPU time "
-            f"over {cores} cores bounds it at {bound / med['jax']['period']:.2f}x at best"
+            f"  lazy/JAX step {period['lazy'] / period['jax']:.2f}x; lazy's CPU time "
+            f"over {cores} cores bounds it at {bound / period['jax']:.2f}x at best\n"
+            f"  JAX plus PyTorch's own host work: {period['jax+torch'] / period['jax']:.2f}x JAX; "
+            f"lazy/that {period['lazy'] / period['jax+torch']:.2f}x"
         )
 
 

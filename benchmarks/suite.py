@@ -25,6 +25,8 @@ the previous step's device work.
 ``jax`` (mlp, gpt2) runs the same models written in JAX (``benchmarks/jax_models.py``): jitted,
 donated parameters and optimizer state, float32 matmuls at HIGHEST precision. ``--size gpt2-124m``
 makes gpt2 the real GPT-2 124M (batch 8, seq 512; meant for a GPU); other workloads keep their size.
+``--size tiny`` gives mlp and gpt2 their layers at a few elements wide (batch 1): a step whose
+time is the host's alone (``cpu_share.py`` runs it on eager PyTorch as the frontend's cost).
 """
 
 from __future__ import annotations
@@ -77,10 +79,12 @@ def _classify(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def _mlp(size: str) -> Workload:
+    d_in, hidden, rows = (4, 4, 1) if size == "tiny" else (256, 512, 64)
     model = nn.Sequential(
-        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-    )
-    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+        nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+        nn.Linear(hidden, 10),
+    )  # fmt: skip
+    x, y = torch.randn(rows, d_in), torch.randint(0, 10, (rows,))
 
     def ceiling(amp: bool, device: Any) -> jax_models.JaxWorkload:
         return jax_models.mlp(x.numpy(), y.numpy(), lr=0.01, amp=amp, device=device)
@@ -112,6 +116,8 @@ def _gpt2(size: str) -> Workload:
     if size == "gpt2-124m":
         cfg = jax_models.GPT2Config(vocab=50257, positions=1024, dim=768, layers=12, heads=12)
         batch, seq = 8, 512
+    elif size == "tiny":
+        cfg, batch, seq = jax_models.GPT2Config(vocab=64, positions=8, dim=8), 1, 8
     else:
         cfg, batch, seq = jax_models.GPT2Config(), 8, 128
     config = transformers.GPT2Config(
@@ -493,7 +499,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--size", choices=["small", "gpt2-124m"], default="small")
+    parser.add_argument("--size", choices=["small", "gpt2-124m", "tiny"], default="small")
     parser.add_argument("--amp", choices=["none", "bf16"], default="none")
     parser.add_argument(
         "--backends", help="comma-separated (default: eager,lazy,jax; +compile on cuda)"
