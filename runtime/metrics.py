@@ -1,7 +1,8 @@
 """Counters, timings, sizes, call sites and graph events of the runtime and the front end.
 
 Everything here is cheap enough to stay on in production: a counter is a dict increment, a timing
-a list append. Graph events (one per compile and per execution) go to listeners: the LAZY_DEBUG
+a deque append, and memory stays bounded however long training runs: each timing and size keeps
+its last ``SAMPLES`` values for percentiles, with the count and total of all of them. Graph events (one per compile and per execution) go to listeners: the LAZY_DEBUG
 printer and ``lazy_torch.debug.explain``.
 """
 
@@ -9,14 +10,33 @@ from __future__ import annotations
 
 import collections
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lazy_core.graph import key_text
 
+SAMPLES = 10_000  # values kept per timing and size (a step records about five)
+
+
+class _Samples:
+    """The last ``SAMPLES`` values of a distribution, and the count and total of every value."""
+
+    __slots__ = ("n", "recent", "total")
+
+    def __init__(self) -> None:
+        self.recent: collections.deque = collections.deque(maxlen=SAMPLES)
+        self.n = 0
+        self.total = 0.0
+
+    def add(self, value: float) -> None:
+        self.recent.append(value)
+        self.n += 1
+        self.total += value
+
+
 _counters: collections.Counter[str] = collections.Counter()
-_timings: dict[str, list[float]] = collections.defaultdict(list)
-_sizes: dict[str, list[int]] = collections.defaultdict(list)
+_timings: dict[str, _Samples] = collections.defaultdict(_Samples)
+_sizes: dict[str, _Samples] = collections.defaultdict(_Samples)
 _sites: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
 _recompiles: dict[str, list[str]] = collections.defaultdict(list)
 
@@ -26,12 +46,12 @@ def count(name: str, n: int = 1) -> None:
 
 
 def time(name: str, seconds: float) -> None:
-    _timings[name].append(seconds)
+    _timings[name].add(seconds)
 
 
 def size(name: str, n: int) -> None:
     """A non-time distribution (graph sizes in nodes, transfer sizes in bytes)."""
-    _sizes[name].append(n)
+    _sizes[name].add(n)
 
 
 def site(kind: str, where: str) -> None:
@@ -44,11 +64,13 @@ def counters() -> dict[str, int]:
 
 
 def timings() -> dict[str, list[float]]:
-    return {k: list(v) for k, v in _timings.items()}
+    """The last ``SAMPLES`` seconds of each timing, oldest first."""
+    return {k: list(v.recent) for k, v in _timings.items()}
 
 
 def sizes() -> dict[str, list[int]]:
-    return {k: list(v) for k, v in _sizes.items()}
+    """The last ``SAMPLES`` values of each size, oldest first."""
+    return {k: list(v.recent) for k, v in _sizes.items()}
 
 
 def sites() -> dict[str, dict[str, int]]:
@@ -139,16 +161,17 @@ def _pick(v: list, q: float):
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
-def _distribution(values: Iterable[float], scale: float, unit: str, digits: int) -> str:
-    v = sorted(values)
+def _distribution(samples: _Samples, scale: float, unit: str, digits: int) -> str:
+    v = sorted(samples.recent)
     if not v:
         return "-"
 
     def f(x: float) -> str:
         return f"{x * scale:.{digits}f}{unit}"
 
+    window = "" if samples.n == len(v) else f" (percentiles of the last {len(v)})"
     return (
-        f"n={len(v)} total={f(sum(v))} median={f(statistics.median(v))} "
+        f"n={samples.n} total={f(samples.total)}{window} median={f(statistics.median(v))} "
         f"p90={f(_pick(v, 0.9))} p99={f(_pick(v, 0.99))} max={f(v[-1])}"
     )
 

@@ -131,6 +131,24 @@ def test_report_has_percentiles_of_timings_and_graph_sizes(monkeypatch):
         assert all(p in line for p in ("median=", "p90=", "p99=", "max=")), line
 
 
+def test_timings_keep_recent_samples_and_count_all(monkeypatch):
+    # A long run keeps memory bounded: the last SAMPLES values of each timing and size, with the
+    # count and total of all of them.
+    monkeypatch.setattr(runtime.metrics, "SAMPLES", 3)
+    lazy_torch.metrics.reset()
+    for ms in range(1, 6):
+        runtime.metrics.time("step_time", ms / 1e3)
+        runtime.metrics.size("graph_nodes", ms)
+    assert lazy_torch.metrics.timings()["step_time"] == [0.003, 0.004, 0.005]
+    assert lazy_torch.metrics.sizes()["graph_nodes"] == [3, 4, 5]
+    report = lazy_torch.metrics.report()
+    line = next(s for s in report.splitlines() if s.strip().startswith("step_time:"))
+    assert "n=5 total=15.000ms (percentiles of the last 3) median=4.000ms" in line, line
+    line = next(s for s in report.splitlines() if s.strip().startswith("graph_nodes:"))
+    assert "n=5 total=15 (percentiles of the last 3) median=4 " in line, line
+    lazy_torch.metrics.reset()
+
+
 def _executions(n: int, synced: bool) -> list[float]:
     """execute_time of ``n`` executions of one graph, waited for one by one or back to back."""
     x = torch.ones(8, device="lazy")
