@@ -670,6 +670,12 @@ PyObject* outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     bool single = is_single_meta(meta, &dtype_name);
     if (PyErr_Occurred()) return nullptr;
     if (!single && !PyTuple_CheckExact(meta) && !PyList_CheckExact(meta)) Py_RETURN_NONE;
+    // A Meta (its last item a dtype, not an output's Meta or None) of a dtype the graph has no
+    // name for: the Python path raises its error.
+    if (!single && PyTuple_CheckExact(meta) && PyTuple_GET_SIZE(meta) == 4) {
+        PyObject* last = PyTuple_GET_ITEM(meta, 3);
+        if (last != Py_None && !PyTuple_Check(last)) Py_RETURN_NONE;
+    }
     Ref srcs(PyList_AsTuple(ops.srcs.p));
     if (!srcs) return nullptr;
     if (!single) return record_outputs(argv[0], srcs.p, arg.p, meta, ops.device.p);

@@ -231,3 +231,7 @@ def test_record_op_hands_errors_to_the_python_path():
     assert _native.outputs("lazy.test", [x, cpu], (), (), meta) is None
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         python_path.record_op("lazy.test", [x, cpu], (), meta)
+    unnamed = dense_meta((2,), torch.float8_e4m3fn)  # a dtype the graph has no name for
+    assert _native.outputs("lazy.test", [x], (), (), unnamed) is None
+    with pytest.raises(TypeError, match="float8_e4m3fn is not supported on the lazy device"):
+        python_path.record_op("lazy.test", [x], (), unnamed)
