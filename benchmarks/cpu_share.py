@@ -23,6 +23,7 @@ ceiling here, and lazy's ratio to it is what lazy itself adds.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import threading
@@ -53,10 +54,9 @@ def _thread_seconds() -> dict[int, float]:
 
 def _jax_and_frontend(name: str, wl: suite.Workload, args: argparse.Namespace):
     """JAX's training step, then PyTorch's host work for it: the same step at ``--size tiny``
-    on eager CPU."""
+    on eager CPU (``args.device``)."""
     jax_step, finish = suite.BACKENDS["jax"]("jax", wl, "train", args)
-    tiny = argparse.Namespace(**{**vars(args), "device": "cpu"})
-    frontend, _ = suite.BACKENDS["eager"]("eager", suite.WORKLOADS[name]("tiny"), "train", tiny)
+    frontend, _ = suite.BACKENDS["eager"]("eager", suite.WORKLOADS[name]("tiny"), "train", args)
 
     def step() -> Any:
         out = jax_step()
@@ -66,13 +66,9 @@ def _jax_and_frontend(name: str, wl: suite.Workload, args: argparse.Namespace):
     return step, finish
 
 
-def _measure(backend: str, name: str, wl: suite.Workload, args: argparse.Namespace):
-    """ms per step: the period, the Python thread's CPU time and the other threads'."""
-    if backend == "jax+torch":
-        step, finish = _jax_and_frontend(name, wl, args)
-    else:
-        step, finish = suite.BACKENDS[backend](backend, wl, "train", args)
-    lazy = backend == "lazy"
+def _measure(step: Any, finish: Any, lazy: bool, args: argparse.Namespace) -> dict[str, float]:
+    """ms per step of ``step`` (lazy: with mark_step): the period, the Python thread's CPU time
+    and the other threads'."""
     for _ in range(args.warmup):
         finish(step())
     main = threading.get_native_id()
@@ -111,10 +107,15 @@ def main() -> None:
           f"{'cpu/cores':>10s}")  # fmt: skip
     for name in args.workloads:
         wl = suite.WORKLOADS[name](args.size)
-        rows: dict[str, list[dict[str, float]]] = {"lazy": [], "jax": [], "jax+torch": []}
+        backends = {
+            "lazy": functools.partial(suite.BACKENDS["lazy"], "lazy", wl, "train", args),
+            "jax": functools.partial(suite.BACKENDS["jax"], "jax", wl, "train", args),
+            "jax+torch": functools.partial(_jax_and_frontend, name, wl, args),
+        }
+        rows: dict[str, list[dict[str, float]]] = {b: [] for b in backends}
         for _ in range(args.rounds):
-            for backend, measured in rows.items():
-                measured.append(_measure(backend, name, wl, args))
+            for backend, make in backends.items():
+                rows[backend].append(_measure(*make(), backend == "lazy", args))
         med = {b: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for b, rs in rows.items()}
         for backend, m in med.items():
             cpu = m["python"] + m["rest"]

@@ -2,8 +2,9 @@
 
 Everything here is cheap enough to stay on in production: a counter is a dict increment, a timing
 a deque append, and memory stays bounded however long training runs: each timing and size keeps
-its last ``SAMPLES`` values for percentiles, with the count and total of all of them. Graph events (one per compile and per execution) go to listeners: the LAZY_DEBUG
-printer and ``lazy_torch.debug.explain``.
+its last ``SAMPLES`` values for percentiles, with the count and total of all of them. Graph
+events (one per compile and per execution) go to listeners: the LAZY_DEBUG printer and
+``lazy_torch.debug.explain``.
 """
 
 from __future__ import annotations

@@ -670,18 +670,20 @@ PyObject* outputs(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     bool single = is_single_meta(meta, &dtype_name);
     if (PyErr_Occurred()) return nullptr;
     if (!single && !PyTuple_CheckExact(meta) && !PyList_CheckExact(meta)) Py_RETURN_NONE;
-    // A Meta (its last item a dtype, not an output's Meta or None) of a dtype the graph has no
-    // name for: the Python path raises its error.
-    if (!single && PyTuple_CheckExact(meta) && PyTuple_GET_SIZE(meta) == 4) {
-        PyObject* last = PyTuple_GET_ITEM(meta, 3);
-        if (last != Py_None && !PyTuple_Check(last)) Py_RETURN_NONE;
-    }
     Ref srcs(PyList_AsTuple(ops.srcs.p));
     if (!srcs) return nullptr;
-    if (!single) return record_outputs(argv[0], srcs.p, arg.p, meta, ops.device.p);
-    PyObject* node_args[5] = {argv[0], srcs.p, arg.p, dtype_name, PyTuple_GET_ITEM(meta, 0)};
-    Ref node(node_new(&NodeType, node_args, 5, nullptr));
-    return node ? fresh(node.p, meta, ops.device.p) : nullptr;
+    PyObject* out;
+    if (single) {
+        PyObject* node_args[5] = {argv[0], srcs.p, arg.p, dtype_name, PyTuple_GET_ITEM(meta, 0)};
+        Ref node(node_new(&NodeType, node_args, 5, nullptr));
+        out = node ? fresh(node.p, meta, ops.device.p) : nullptr;
+    } else {
+        out = record_outputs(argv[0], srcs.p, arg.p, meta, ops.device.p);
+    }
+    // Declined with nothing recorded (multi_node's answer to an entry that is no Meta of a dtype
+    // the graph names, such as a float8 Meta): the Python path raises its error.
+    if (out == nullptr && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
 }
 
 PyMethodDef recording_methods[] = {
