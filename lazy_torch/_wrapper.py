@@ -10,6 +10,8 @@ layer's autograd node.
   an output, unpacking it), where PyTorch's route imports torch and looks the op up on each call.
 - ``linear`` and ``set_linear_backward`` (``csrc/linear.cpp``) give linear.py's fused layer a C++
   autograd node instead of a ``torch.autograd.Function``.
+- ``count_steps`` (``csrc/steps.cpp``) counts Adam's CPU step tensors for fused.py's step, as
+  ``torch._foreach_add_`` and ``item`` would, without a dispatch per tensor.
 
 It compiles against the installed torch's headers and libraries, and
 ``pip install -e .`` builds in an isolated environment without torch, so it is built here instead:
@@ -39,7 +41,9 @@ import torch
 
 import runtime
 
-_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("wrapper.cpp", "linear.cpp")]
+_SOURCES = [
+    Path(__file__).with_name("csrc") / name for name in ("wrapper.cpp", "linear.cpp", "steps.cpp")
+]
 _NAME = "lazy_torch_wrapper"  # the module name its PyInit_ function is named after
 
 

@@ -34,7 +34,7 @@ from lazy_core import scalar_leaf
 from lazy_torch._dtypes import dtype_name
 from lazy_torch.dispatch import bound_arguments, record_update, special
 from lazy_torch.foreach import add_lazy
-from lazy_torch.tensor import LazyTensor
+from lazy_torch.tensor import LazyTensor, extension
 
 aten = torch.ops.aten
 
@@ -151,18 +151,25 @@ def _one_group(params: list, *lists: list) -> bool:
 
 def _steps(steps: list, capturable: bool, device: int) -> list | None:
     """Adam's step counts as the fused step's operands, after counting this step: lazy step
-    tensors as they are, CPU ones as graph scalars of their values (none a constant: a count of
-    1 would make a graph of its own); None where the foreach path must run (``capturable``: it
-    checks the parameters' device type)."""
+    tensors as they are, CPU ones as graph scalars of their values, one per distinct value (none a
+    constant: a count of 1 would make a graph of its own); None where the foreach path must run
+    (``capturable``: it checks the parameters' device type)."""
     if capturable:
         return None
-    lazy = all(type(s) is LazyTensor and s._lazy.device == device and not s.dim() for s in steps)
-    if not lazy and not all(
-        type(s) is torch.Tensor and s.device.type == "cpu" and not s.dim() for s in steps
-    ):
+    if all(type(s) is LazyTensor and s._lazy.device == device and not s.dim() for s in steps):
+        torch._foreach_add_(steps, 1)
+        return steps
+    values = extension.count_steps(steps) if extension is not None else None
+    if values is not None:  # of one dtype
+        dtype = dtype_name(steps[0].dtype)
+        leaves = {v: scalar_leaf(v, dtype) for v in set(values)}
+        return [leaves[v] for v in values]
+    if not all(type(s) is torch.Tensor and s.device.type == "cpu" and not s.dim() for s in steps):
         return None
     torch._foreach_add_(steps, 1)
-    return steps if lazy else [scalar_leaf(s.item(), dtype_name(s.dtype)) for s in steps]
+    keys = [(s.item(), dtype_name(s.dtype)) for s in steps]
+    leaves = {k: scalar_leaf(*k) for k in set(keys)}
+    return [leaves[k] for k in keys]
 
 
 def _adam_step(b: dict) -> bool:

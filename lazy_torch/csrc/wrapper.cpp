@@ -267,6 +267,7 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "lazy_torch_wrapper", nullptr, -1, 
 }  // namespace
 
 extern PyMethodDef linear_methods[];  // linear.cpp
+extern PyMethodDef steps_methods[];   // steps.cpp
 
 PyMODINIT_FUNC PyInit_lazy_torch_wrapper() {
     s_strides = PyUnicode_InternFromString("strides");
@@ -275,6 +276,8 @@ PyMODINIT_FUNC PyInit_lazy_torch_wrapper() {
     s_device = PyUnicode_InternFromString("device");
     s_requires_grad = PyUnicode_InternFromString("requires_grad");
     PyObject* m = PyModule_Create(&module);
-    if (m != nullptr && PyModule_AddFunctions(m, linear_methods) < 0) Py_CLEAR(m);
+    for (PyMethodDef* more : {linear_methods, steps_methods}) {
+        if (m != nullptr && PyModule_AddFunctions(m, more) < 0) Py_CLEAR(m);
+    }
     return m;
 }

@@ -270,3 +270,68 @@ def test_other_tensors_keep_pytorchs_foreach_path(cls):
         results.append([p.detach() for p in model.parameters()])
     for got, expected in zip(*results):
         torch.testing.assert_close(got, expected)
+
+
+def _step_scalars() -> int:
+    """The pending graph's float32 scalar parameters: Adam's step counts (its other numbers are
+    float64, as are the step's own)."""
+    from lazy_core import cut_graph, pending_storages
+    from lazy_core.ir import SCALAR
+
+    graph = cut_graph([s.node for s in pending_storages()])
+    return sum(p.op == SCALAR and p.dtype == "float32" for p in graph.params)
+
+
+def test_adam_step_counts_are_one_graph_scalar_per_distinct_count():
+    # the four parameters' counts are equal: one scalar; one count apart: two, and eager's values
+    eager, lazy = _model(), _model().to("lazy")
+    x = torch.randn(6, 5)
+    opts = [torch.optim.Adam(m.parameters(), lr=0.05) for m in (eager, lazy)]
+    scalars = []
+    for step in range(3):
+        for model, opt, device in ((eager, opts[0], "cpu"), (lazy, opts[1], "lazy")):
+            opt.zero_grad()
+            model(x.to(device)).square().sum().backward()
+            if step == 2:
+                opt.state[next(iter(model.parameters()))]["step"] += 5
+            opt.step()
+        scalars.append(_step_scalars())
+        lazy_torch.mark_step()
+        for p, q in zip(eager.parameters(), lazy.parameters()):
+            torch.testing.assert_close(q.cpu(), p)
+        for a, b in zip(_state(opts[0]), _state(opts[1])):
+            torch.testing.assert_close(b, a)
+    assert scalars == [1, 1, 2]
+
+
+def test_count_steps_adds_one_to_each_step_or_changes_nothing():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from lazy_torch.tensor import extension
+
+    if extension is None:
+        pytest.skip("the torch-linked extension is not built")
+    steps = [torch.tensor(2.0), torch.tensor(2.0**24)]  # float32: 2**24 + 1 rounds to 2**24
+    versions = [s._version for s in steps]
+    assert extension.count_steps(steps) == [3.0, 2.0**24]
+    assert [s._version for s in steps] == [v + 1 for v in versions]
+    assert extension.count_steps([torch.tensor(1.5, dtype=torch.float64)]) == [2.5]
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    plain = torch.tensor(1.0)
+    declined = [
+        [plain, torch.tensor(1.0, dtype=torch.float64)],  # two dtypes
+        [plain, torch.tensor(1)],  # an integer count
+        [plain, torch.ones(1)],  # not 0-dim
+        [plain, torch.tensor(1.0, requires_grad=True)],
+        [plain, torch.tensor(1.0).to("lazy")],
+        [],
+    ]
+    for steps in declined:
+        assert extension.count_steps(steps) is None
+    with Mode():
+        assert extension.count_steps([plain]) is None
+    assert plain.item() == 1.0 and plain._version == 0
