@@ -1,6 +1,6 @@
 // Adam's step counts, counted in C++ (lazy_torch/fused.py's _steps).
 //
-// count_steps(steps) adds 1 to each of ``steps`` in place and returns their new values as Python
+// count_steps(steps) adds 1 to each of ``steps`` (a list or tuple) in place and returns their new values as Python
 // floats, or returns None, having changed nothing, unless every one is a plain 0-dim CPU tensor
 // of one floating dtype (float32 or float64, as the optimizers make them) that autograd does not
 // track and the call is outside any TorchDispatchMode or TorchFunctionMode (which would observe
@@ -49,13 +49,10 @@ bool count(const std::vector<at::Tensor>& steps, PyObject* out) {
     return true;
 }
 
-PyObject* count_steps(PyObject*, PyObject* list) {
+PyObject* count_steps(PyObject*, PyObject* list) {  // a list or tuple; else None
     HANDLE_TH_ERRORS
-    if (!PyList_Check(list)) {
-        PyErr_SetString(PyExc_TypeError, "count_steps(): expected a list of tensors");
-        return nullptr;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (!PyList_Check(list) && !PyTuple_Check(list)) Py_RETURN_NONE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(list);
     if (n == 0 || c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
         at::impl::torch_function_mode_enabled()) {
         Py_RETURN_NONE;
@@ -63,7 +60,7 @@ PyObject* count_steps(PyObject*, PyObject* list) {
     std::vector<at::Tensor> steps;
     steps.reserve(n);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject* item = PyList_GET_ITEM(list, i);
+        PyObject* item = PySequence_Fast_GET_ITEM(list, i);
         if (!THPVariable_CheckExact(item)) Py_RETURN_NONE;
         steps.push_back(THPVariable_Unpack(item));
     }

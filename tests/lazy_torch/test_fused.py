@@ -315,7 +315,7 @@ def test_count_steps_adds_one_to_each_step_or_changes_nothing():
     versions = [s._version for s in steps]
     assert extension.count_steps(steps) == [3.0, 2.0**24]
     assert [s._version for s in steps] == [v + 1 for v in versions]
-    assert extension.count_steps([torch.tensor(1.5, dtype=torch.float64)]) == [2.5]
+    assert extension.count_steps((torch.tensor(1.5, dtype=torch.float64),)) == [2.5]
 
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -329,6 +329,7 @@ def test_count_steps_adds_one_to_each_step_or_changes_nothing():
         [plain, torch.tensor(1.0, requires_grad=True)],
         [plain, torch.tensor(1.0).to("lazy")],
         [],
+        iter([plain]),  # neither a list nor a tuple
     ]
     for steps in declined:
         assert extension.count_steps(steps) is None
