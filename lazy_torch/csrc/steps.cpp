@@ -1,13 +1,14 @@
 // Adam's step counts, counted in C++ (lazy_torch/fused.py's _steps).
 //
-// count_steps(steps) adds 1 to each of ``steps`` (a list or tuple) in place and returns their new values as Python
-// floats, or returns None, having changed nothing, unless every one is a plain 0-dim CPU tensor
-// of one floating dtype (float32 or float64, as the optimizers make them) that autograd does not
-// track and the call is outside any TorchDispatchMode or TorchFunctionMode (which would observe
-// the adds). It computes what ``torch._foreach_add_(steps, 1)`` and ``[s.item() for s in
-// steps]`` compute, bumping each tensor's version as ``add_`` does. PyTorch's foreach add has no
-// CPU kernel: it dispatches ``add_`` once a tensor, about 1.5 µs each, and ``item`` another,
-// which for GPT-2's 148 parameters took 0.6-0.9 ms of a step's host time.
+// count_steps(steps) adds 1 to each of ``steps`` (a list or tuple) in place and returns their
+// new values as Python floats, or returns None, having changed nothing, unless every one is a
+// plain 0-dim CPU tensor of one floating dtype (float32 or float64, as the optimizers make them)
+// that autograd does not track and the call is outside any TorchDispatchMode or
+// TorchFunctionMode (which would observe the adds). It computes what
+// ``torch._foreach_add_(steps, 1)`` and ``[s.item() for s in steps]`` compute, bumping each
+// tensor's version as ``add_`` does. PyTorch's foreach add has no CPU kernel: it dispatches
+// ``add_`` once a tensor, about 1.5 µs each, and ``item`` another, which for GPT-2's 148
+// parameters took 0.6-0.9 ms of a step's host time.
 
 #include <Python.h>
 
