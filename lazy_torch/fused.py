@@ -162,14 +162,18 @@ def _steps(steps: list, capturable: bool, device: int) -> list | None:
     values = extension.count_steps(steps) if extension is not None else None
     if values is not None:  # of one dtype
         dtype = dtype_name(steps[0].dtype)
-        leaves = {v: scalar_leaf(v, dtype) for v in set(values)}
-        return [leaves[v] for v in values]
+        return _shared_leaves(values, lambda v: scalar_leaf(v, dtype))
     if not all(type(s) is torch.Tensor and s.device.type == "cpu" and not s.dim() for s in steps):
         return None
     torch._foreach_add_(steps, 1)
     keys = [(s.item(), dtype_name(s.dtype)) for s in steps]
-    leaves = {k: scalar_leaf(*k) for k in set(keys)}
-    return [leaves[k] for k in keys]
+    return _shared_leaves(keys, lambda k: scalar_leaf(*k))
+
+
+def _shared_leaves(keys: list, leaf: Callable[[Any], Any]) -> list:
+    """``leaf(k)`` for each of ``keys``, made once per distinct key."""
+    made = {k: leaf(k) for k in set(keys)}
+    return [made[k] for k in keys]
 
 
 def _adam_step(b: dict) -> bool:
