@@ -5,6 +5,11 @@ its backward recomputes the probabilities, so no (L, S) intermediate crosses fro
 backward. Products accumulate in float32 for 16-bit inputs and the softmax runs in
 the accumulation dtype; the probabilities meet the values in the values' dtype, as flash
 attention kernels do. Rows masked out entirely give zeros (log-sum-exp 0), as in PyTorch.
+
+On CUDA GPUs, 16-bit attention without a mask tensor runs as cuDNN's flash attention
+(``jax.nn.dot_product_attention``), as eager CUDA PyTorch runs it: no (L, S) scores reach memory.
+Its backward recomputes the forward inside cuDNN, so the backward node reads neither ``out`` nor the
+log-sum-exp; the forward node's log-sum-exp comes from the scores only where a graph uses it.
 """
 
 from __future__ import annotations
@@ -73,6 +78,41 @@ def _softmax(s: Any) -> tuple[Any, Any]:
     return p, lse[..., 0]
 
 
+def _heads_swapped(x: Any) -> Any:
+    """(B, H, L, D) <-> (B, L, H, D), the layout of ``jax.nn.dot_product_attention``."""
+    return jnp.swapaxes(x, 1, 2)
+
+
+def _cudnn(ctx, query, key, value, is_causal, attn_mask, scale, grad_out=None) -> Any:
+    """cuDNN's attention output, or with ``grad_out`` the gradients of query, key and value;
+    None where it does not apply: another platform, float32, a mask tensor, a causal mask over
+    non-square scores (where cuDNN and PyTorch might align it differently), or a shape cuDNN has
+    no kernel for (jax raises NotImplementedError while tracing)."""
+    dtypes = {query.dtype.name, key.dtype.name, value.dtype.name}
+    if ctx.platform != "cuda" or attn_mask is not None or query.ndim != 4 or len(dtypes) > 1:
+        return None
+    if dtypes.pop() not in ("bfloat16", "float16"):
+        return None
+    if is_causal and query.shape[-2] != key.shape[-2]:
+        return None
+    scale = _scale(query, scale)
+
+    def attend(q: Any, k: Any, v: Any) -> Any:
+        out = jax.nn.dot_product_attention(
+            *map(_heads_swapped, (q, k, v)), scale=scale, is_causal=is_causal,
+            implementation="cudnn",
+        )  # fmt: skip
+        return _heads_swapped(out)
+
+    try:
+        if grad_out is None:
+            return attend(query, key, value)
+        out, pullback = jax.vjp(attend, query, key, value)
+        return pullback(grad_out.astype(out.dtype))
+    except NotImplementedError:
+        return None
+
+
 @lowering("aten._scaled_dot_product_flash_attention_for_cpu.default")
 def _attention(
     ctx, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
@@ -83,7 +123,9 @@ def _attention(
     k, v = _groups(query, key), _groups(query, value)
     s = _scores(ctx, query, k, is_causal, attn_mask, scale)
     p, lse = _softmax(s)
-    out = _product(ctx, p.astype(v.dtype), _t(v), s.dtype)
+    out = _cudnn(ctx, query, key, value, is_causal, attn_mask, scale)
+    if out is None:
+        out = _product(ctx, p.astype(v.dtype), _t(v), s.dtype)
     return out.astype(ctx.dtypes[0]), lse.astype(ctx.dtypes[1])
 
 
@@ -92,6 +134,9 @@ def _attention_backward(
     ctx, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
     scale=None,
 ):  # fmt: skip
+    grads = _cudnn(ctx, query, key, value, is_causal, attn_mask, scale, grad_out)
+    if grads is not None:
+        return tuple(g.astype(d) for g, d in zip(grads, ctx.dtypes))
     k, v = _groups(query, key), _groups(query, value)
     s = _scores(ctx, query, k, is_causal, attn_mask, scale)
     acc = s.dtype

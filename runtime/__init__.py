@@ -1,7 +1,7 @@
 """Runtime: cut graph -> StableHLO -> cached XLA executable; device buffers, transfers, metrics."""
 
 from runtime import config, metrics
-from runtime.device import device, devices, to_device, to_host
+from runtime.device import device, devices, platform_of, to_device, to_host
 from runtime.executor import (
     GraphError,
     check_errors,
@@ -25,6 +25,7 @@ __all__ = [
     "has_lowering",
     "metrics",
     "op_category",
+    "platform_of",
     "resolve",
     "reused_buffers",
     "rng_state",

@@ -39,6 +39,15 @@ def device(index: int = 0) -> Any:
     return devs[index]
 
 
+def platform_of(index: int = 0) -> str:
+    """The platform of device ``index`` as lowerings name it: "cpu", "tpu", "cuda" or "rocm"
+    (JAX calls both GPU platforms "gpu" and tells them apart by the client's version)."""
+    dev = device(index)
+    if dev.platform != "gpu":
+        return dev.platform
+    return "rocm" if "rocm" in dev.client.platform_version.lower() else "cuda"
+
+
 def to_device(array: np.ndarray, index: int, dtype: str | None = None) -> jax.Array:
     """Start copying a host array to device ``index`` (asynchronous).
 

@@ -22,7 +22,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from lazy_core.dump import ir_text
 from lazy_core.graph import Graph, key_text
 from runtime import config, history, metrics
-from runtime.device import device
+from runtime.device import device, platform_of
 from runtime.donation import Donations
 from runtime.launcher import Launch, Launcher, failed, is_ready, resolve
 from runtime.program import ParamLayout, build_function
@@ -143,7 +143,7 @@ def _lower(
     outputs = graph.outputs()
     if order is not None:
         outputs = tuple(outputs[k] for k in order)
-    fn = build_function(plan, outputs, layout)
+    fn = build_function(plan, outputs, layout, platform_of(device_index))
     specs = _param_specs(graph, layout, device_index)
     argnums = layout.arguments(donate)
     if spares:  # unused arguments after the parameters', donated (donation.py)

@@ -42,7 +42,14 @@ def rng_state(seed: int) -> np.ndarray:
 
 
 def _apply(
-    op: str, arg: Any, dtype: Any, shape: Any, operands: list, scalar_ids: tuple, checks: list
+    op: str,
+    arg: Any,
+    dtype: Any,
+    shape: Any,
+    operands: list,
+    scalar_ids: tuple,
+    checks: list,
+    platform: str,
 ) -> Any:
     try:
         fn = LOWERINGS[op]
@@ -63,6 +70,7 @@ def _apply(
         precision=precision,
         rng_key=key,
         scalars=scalar_ids,
+        platform=platform,
     )
     out = fn(ctx, *args, **kwargs)
     if multi:
@@ -111,9 +119,10 @@ class ParamLayout:
 
 
 def build_function(
-    plan: tuple[tuple, ...], outputs: tuple[int, ...], layout: ParamLayout
+    plan: tuple[tuple, ...], outputs: tuple[int, ...], layout: ParamLayout, platform: str = "cpu"
 ) -> Callable[..., tuple]:
-    """The JAX function computing ``outputs`` of ``plan`` from the arguments ``layout`` makes.
+    """The JAX function computing ``outputs`` of ``plan`` from the arguments ``layout`` makes,
+    for ``platform`` (``device.platform_of``: what a lowering with a platform's own kernel reads).
 
     The function returns one more output, an int64 ``(checks, 2)`` array of ``[bad, index]``
     rows of its runtime checks (index bounds, integer division by zero; zero rows when it has
@@ -141,7 +150,8 @@ def build_function(
             elif op == GETITEM:
                 value = env[src[0]][arg]
             else:
-                value = _apply(op, arg, dtype, shape, [env[s] for s in src], scalars, checks)
+                operands = [env[s] for s in src]
+                value = _apply(op, arg, dtype, shape, operands, scalars, checks, platform)
             env.append(value)
         errors[:] = [error for _, error in checks]
         result = tuple(env[i] for i in outputs)

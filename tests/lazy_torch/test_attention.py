@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import lazy_torch
+import runtime
 
 FUSED = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 FUSED_BACKWARD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
@@ -142,3 +143,28 @@ def test_bad_arguments_raise_eagers_error(shapes, dtypes, kwargs):
     with pytest.raises(type(eager.value)) as lazy:
         F.scaled_dot_product_attention(*(t.to("lazy") for t in tensors), **lazy_kwargs)
     assert str(lazy.value) == str(eager.value)
+
+
+CUDA = runtime.platform_of(0) == "cuda"
+
+
+@pytest.mark.parametrize(
+    "case, dtype, cudnn",
+    [
+        ("causal", torch.bfloat16, True),
+        ("grouped_query", torch.float16, True),
+        ("causal", torch.float32, False),  # cuDNN's fused attention is 16-bit only
+        ("float_mask", torch.bfloat16, False),
+        ("cross_lengths", torch.bfloat16, False),  # causal over non-square scores
+    ],
+)
+def test_cudnn_attention_on_cuda_only_where_it_applies(case, dtype, cudnn):
+    shapes, kwargs = CASES[case]
+    kwargs = {
+        k: v.to("lazy", dtype) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()
+    }
+    q, k, v = (t.to("lazy").requires_grad_() for t in _qkv(*shapes, dtype=dtype))
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    text = lazy_torch.debug.stablehlo_text(out, *grads)
+    assert ("cudnn" in text) == (cudnn and CUDA)
