@@ -14,6 +14,7 @@ log-sum-exp; the forward node's log-sum-exp comes from the scores only where a g
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -83,17 +84,27 @@ def _heads_swapped(x: Any) -> Any:
     return jnp.swapaxes(x, 1, 2)
 
 
+@functools.cache
+def _flash_gpus() -> bool:
+    """Whether every CUDA GPU has cuDNN's flash attention kernels (Ampere and later)."""
+    capabilities = (d.compute_capability.split(".") for d in jax.devices("gpu"))
+    return all((int(major), int(minor)) >= (8, 0) for major, minor in capabilities)
+
+
 def _cudnn(ctx, query, key, value, is_causal, attn_mask, scale, grad_out=None) -> Any:
     """cuDNN's attention output, or with ``grad_out`` the gradients of query, key and value;
-    None where it does not apply: another platform, float32, a mask tensor, a causal mask over
-    non-square scores (where cuDNN and PyTorch might align it differently), or a shape cuDNN has
-    no kernel for (jax raises NotImplementedError while tracing)."""
+    None where it does not apply: another platform or a GPU before Ampere, float32, a mask
+    tensor, a causal mask over non-square scores (where cuDNN and PyTorch might align it
+    differently), or a shape cuDNN has no kernel for (jax raises NotImplementedError while
+    tracing)."""
     dtypes = {query.dtype.name, key.dtype.name, value.dtype.name}
     if ctx.platform != "cuda" or attn_mask is not None or query.ndim != 4 or len(dtypes) > 1:
         return None
     if dtypes.pop() not in ("bfloat16", "float16"):
         return None
     if is_causal and query.shape[-2] != key.shape[-2]:
+        return None
+    if not _flash_gpus():
         return None
     scale = _scale(query, scale)
 
