@@ -119,7 +119,7 @@ class ParamLayout:
 
 
 def build_function(
-    plan: tuple[tuple, ...], outputs: tuple[int, ...], layout: ParamLayout, platform: str = "cpu"
+    plan: tuple[tuple, ...], outputs: tuple[int, ...], layout: ParamLayout, platform: str
 ) -> Callable[..., tuple]:
     """The JAX function computing ``outputs`` of ``plan`` from the arguments ``layout`` makes,
     for ``platform`` (``device.platform_of``: what a lowering with a platform's own kernel reads).
