@@ -15,7 +15,16 @@ import torch
 from torch._decomp import decomposition_table
 
 import runtime
-from lazy_core import Node, NotWritable, Storage, constant, getitem, scalar_leaf
+from lazy_core import (
+    Node,
+    NotWritable,
+    Storage,
+    constant,
+    digest,
+    getitem,
+    register_atoms,
+    scalar_leaf,
+)
 from lazy_core.ir import GETITEM, OPERANDS, Elements, operand, operands
 from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
@@ -222,6 +231,10 @@ _constants: dict[tuple, Node] = {}
 
 
 def _is_constant(v: Any) -> bool:
+    """0 and 1 (of any number type) are baked into graphs; a negative zero is not 0 here (its sign
+    matters to division)."""
+    if type(v) is complex:
+        return v.imag == 0.0 and math.copysign(1.0, v.imag) > 0 and _is_constant(v.real)
     if v == 0:
         return not (type(v) is float and math.copysign(1.0, v) < 0)
     return v == 1
@@ -288,7 +301,18 @@ def _template(plan: _Plan, args: tuple, kwargs: dict, ops: _Operands) -> tuple[t
 # ----------------------------------------------------------------------------------------------
 # Shape inference: PyTorch's meta kernels, memoized by op and argument metadata.
 
-_meta_cache: dict[Any, Any] = {}
+# Memo keys are (op name, type-exact digest of the template and operand keys): ``8`` and ``8.0``,
+# ``True`` and ``1``, ``0.0`` and ``-0.0`` are different calls (lazy_core/digest.py). Operand
+# keys hold dtypes and Python number types, which digest as these names.
+register_atoms({d: str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)})
+register_atoms({t: f"builtins.{t.__name__}" for t in (bool, int, float, complex)})
+_meta_cache: dict[tuple[str, int], tuple] = {}
+
+
+def memo_key(name: str, args_t: tuple, kwargs_t: tuple, keys: list) -> tuple[str, int]:
+    """The shape memo's key of a call of op ``name`` with this template and operand keys (the C
+    fast path makes the same: lazy_core/csrc/record.cpp)."""
+    return (name, digest((args_t, kwargs_t, tuple(keys))))
 
 
 def _to_meta(v: Any) -> Any:
@@ -322,14 +346,14 @@ def _out_meta(out: Any) -> Any:
     raise NotImplementedError(f"output of type {type(out).__name__} needs a fallback")
 
 
-def infer(func: Any, args: tuple, kwargs: dict, key: Any) -> Any:
+def infer(func: Any, args: tuple, kwargs: dict, key: tuple) -> Any:
     """Output metadata of ``func`` on these arguments (raises PyTorch's own errors)."""
     return _memo(func, args, kwargs, key)[0]
 
 
-def _memo(func: Any, args: tuple, kwargs: dict, key: tuple) -> tuple:
-    """The memo entry of a call: its output metadata, and ``key[1:3]`` as first recorded (for a
-    recorded call, its template: the nodes of equal calls share it instead of one each)."""
+def _memo(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None) -> tuple:
+    """The memo entry of a call: its output metadata, and ``template`` as first recorded (for a
+    recorded call, the nodes of equal calls share it instead of one each)."""
     entry = _meta_cache.get(key)
     if entry is None:
         margs = _to_meta(args)
@@ -345,7 +369,7 @@ def _memo(func: Any, args: tuple, kwargs: dict, key: tuple) -> tuple:
             raise
         if str(func) in _MATMUL_OPS and len({a.dtype for a in margs if _is_meta(a)}) > 1:
             _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
-        entry = _meta_cache[key] = (_out_meta(result), key[1:3])
+        entry = _meta_cache[key] = (_out_meta(result), template)
     return entry
 
 
@@ -394,7 +418,8 @@ def record(
     plan = _plan(func)
     ops = _Operands()
     args_t, kwargs_t = _template(plan, args, kwargs, ops)
-    meta, arg = _memo(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))
+    key = memo_key(plan.name, args_t, kwargs_t, ops.keys)
+    meta, arg = _memo(func, args, kwargs, key, (args_t, kwargs_t))
     runtime_kwargs = (("_precision", _matmul_precision()),) if plan.matmul else ()
     if extra is not None:
         runtime_kwargs += extra(ops)
@@ -460,8 +485,8 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
     for args, kwargs in calls:
         start, ops.base = len(ops.keys), len(ops.srcs)
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
-        key = (plan.name, args_t, kwargs_t, tuple(ops.keys[start:]))
-        meta, template = _memo(func, args, kwargs, key)
+        key = memo_key(plan.name, args_t, kwargs_t, ops.keys[start:])
+        meta, template = _memo(func, args, kwargs, key, (args_t, kwargs_t))
         metas.append(meta)
         templates.append(template)
         counts.append(len(ops.srcs) - ops.base)
@@ -700,8 +725,9 @@ def recorded(func: Any, args: tuple, kwargs: dict) -> Any:
         return _fallback.run(func, args, kwargs)
 
 
-def _view_key(func: Any, args: tuple, kwargs: dict) -> tuple:
-    """Shape-inference memo key of a view op: its input's metadata and its plain arguments."""
+def _view_key(func: Any, args: tuple, kwargs: dict) -> tuple[str, int]:
+    """Shape-inference memo key of a view op: its name and the type-exact digest of its input's
+    metadata and its plain arguments (the C fast path makes the same: dispatch.cpp's view)."""
 
     def plain(v: Any) -> Any:
         if isinstance(v, LazyTensor):
@@ -710,7 +736,7 @@ def _view_key(func: Any, args: tuple, kwargs: dict) -> tuple:
             return tuple(plain(x) for x in v)
         return _attr(v, None)
 
-    return (str(func), plain(args), tuple((k, plain(v)) for k, v in kwargs.items()))
+    return (str(func), digest((plain(args), tuple((k, plain(v)) for k, v in kwargs.items()))))
 
 
 # View key -> (output Meta or Metas, view steps): a view's steps depend only on its arguments'

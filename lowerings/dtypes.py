@@ -6,6 +6,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from lowerings.registry import LoweringContext
 
@@ -87,3 +88,42 @@ def result_type(ctx: LoweringContext, *operands: Any) -> np.dtype:
 def cast(x: Any, dtype: Any) -> Any:
     """``x`` as a JAX value of ``dtype`` (Python numbers included)."""
     return jnp.asarray(x, dtype=dtype)
+
+
+def bitcast(x: Any, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """``x``'s bytes read as ``dtype`` in ``shape`` (PyTorch's ``view(dtype)``): between item
+    sizes that differ, the last dimension scales by their ratio. Bool and complex have no bitcast
+    in XLA: bool goes through uint8 (nonzero bytes are True), complex through (real, imag) pairs.
+    """
+    dtype = np.dtype(dtype)
+    if x.dtype == dtype:
+        return jnp.reshape(x, shape)
+    same_size = x.dtype.itemsize == dtype.itemsize
+    if same_size and _category(x.dtype) in (1, 2) and _category(dtype) in (1, 2):
+        return jnp.reshape(lax.bitcast_convert_type(x, dtype), shape)
+    return _from_bytes(_to_bytes(x), dtype, shape)
+
+
+def _to_bytes(x: Any) -> Any:
+    """The bytes of ``x`` along a last dimension: (..., n) -> (..., n * itemsize) uint8."""
+    lead = x.shape[:-1]
+    if x.dtype == _BOOL:
+        x = x.astype(jnp.uint8)
+    elif _category(x.dtype) == 3:
+        x = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+    if x.dtype.itemsize > 1:
+        x = lax.bitcast_convert_type(x, jnp.uint8)
+    return jnp.reshape(x, lead + (-1,))
+
+
+def _from_bytes(b: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+    lead = b.shape[:-1]
+    if dtype == _BOOL:
+        return jnp.reshape(b != 0, shape)
+    if _category(dtype) == 3:
+        part = np.dtype(jnp.finfo(dtype).dtype)
+        pairs = lax.bitcast_convert_type(jnp.reshape(b, lead + (-1, 2, part.itemsize)), part)
+        return jnp.reshape(lax.complex(pairs[..., 0], pairs[..., 1]), shape)
+    if dtype.itemsize > 1:
+        b = jnp.reshape(b, lead + (-1, dtype.itemsize))
+    return jnp.reshape(lax.bitcast_convert_type(b, dtype), shape)

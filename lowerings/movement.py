@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from lowerings.dtypes import bitcast
 from lowerings.registry import lowering
 
 # Functionalized "_copy" twins (view_copy, permute_copy, ...) lower like their views.
@@ -30,7 +31,7 @@ def _reshape(ctx, self, *args):
 
 @lowering("aten.view.dtype")
 def _view_dtype(ctx, self, dtype):
-    return lax.bitcast_convert_type(self, ctx.dtype).reshape(ctx.shape)
+    return bitcast(self, ctx.dtype, ctx.shape)
 
 
 @lowering(*_twins("aten.expand.default"))
@@ -132,8 +133,8 @@ def _diagonal_scatter(ctx, self, src, offset=0, dim1=0, dim2=1):
 
 @lowering(*_twins("aten.unfold.default"))
 def _unfold(ctx, self, dimension, size, step):
-    if self.ndim == 0:
-        return jnp.reshape(self, ctx.shape)
+    if self.ndim == 0:  # one window of size 1 or 0
+        return jnp.broadcast_to(self, ctx.shape)
     dim = dimension % self.ndim
     count = ctx.shape[dim]
     idx = _unfold_index(self.shape, dim, count, size, step)
@@ -149,8 +150,8 @@ def _unfold_index(shape, dim, count, size, step):
 @lowering("lazy.unfold_scatter")
 def _unfold_scatter(ctx, self, src, dimension, size, step):
     # The write-back of a non-overlapping unfold: src is (..., count, ..., size) windows.
-    if self.ndim == 0:
-        return jnp.reshape(src, ())
+    if self.ndim == 0:  # an empty window writes nothing
+        return jnp.reshape(src, ()).astype(self.dtype) if src.size else self
     dim = dimension % self.ndim
     count = src.shape[dim]
     idx = _unfold_index(self.shape, dim, count, size, step).reshape(-1)

@@ -193,3 +193,87 @@ def test_donation_at_mark_step_never_on_partial_syncs():
     # Inputs stay readable. (A sum of 512 normals can lie near 0, where an exact relative bound
     # failed on the two sums' rounding; float32's default tolerances hold.)
     torch.testing.assert_close(x.sum().cpu(), x.cpu().sum())
+
+
+_BITCAST_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.bfloat16,
+    torch.int32,
+    torch.float32,
+    torch.int64,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+]
+
+
+@pytest.mark.parametrize("source", _BITCAST_DTYPES, ids=str)
+def test_view_as_another_dtype_reads_eagers_bytes(source):
+    # Item sizes that differ scale the last dimension (float32 -> uint8: 4x, int8 -> int32: /4).
+    g = torch.Generator().manual_seed(0)
+    if source.is_floating_point or source.is_complex:
+        x = torch.randn(3, 16, generator=g, dtype=source)
+    else:
+        x = torch.randint(0, 2 if source == torch.bool else 100, (3, 16), generator=g).to(source)
+    for target in _BITCAST_DTYPES:
+        got = x.to("lazy").view(target)
+        eager = x.view(target)
+        assert (got.shape, got.stride(), got.dtype) == (eager.shape, eager.stride(), eager.dtype)
+        if target == torch.bool:  # bytes other than 0 and 1 read as True (eager keeps the byte)
+            assert torch.equal(got.cpu(), eager.view(torch.uint8) != 0), target
+        else:  # bytes, not values: reinterpreted bits may be NaNs
+            assert torch.equal(got.cpu().view(torch.uint8), eager.view(torch.uint8)), target
+
+
+def test_view_as_another_dtype_errors_match_eager():
+    for x, target in [
+        (torch.zeros(3, dtype=torch.uint8), torch.int16),
+        (torch.zeros(()), torch.uint8),
+    ]:
+        with pytest.raises(RuntimeError) as eager:
+            x.view(target)
+        with pytest.raises(RuntimeError) as got:
+            x.to("lazy").view(target)
+        assert str(got.value) == str(eager.value)
+
+
+def test_writes_through_a_view_of_another_item_size_reach_the_base():
+    def widen(dev):
+        x = dev(torch.ones(2, 4, dtype=torch.uint8))
+        v = x.view(torch.int16)
+        v[0, 1] = 0x0102
+        v[1] += 1
+        return x, v
+
+    def narrow(dev):
+        x = dev(torch.full((2, 3), 1.5))
+        b = x.view(torch.uint8)
+        b[:, 3] = 0xC0  # the sign and exponent byte of each float
+        return x, b
+
+    def int8_to_int32(dev):
+        x = dev(torch.arange(-8, 8, dtype=torch.int8))
+        w = x.view(torch.int32)
+        w.mul_(3)
+        return x, w
+
+    for program in (widen, narrow, int8_to_int32):
+        _check(program)
+
+
+def test_unfold_of_a_zero_dim_tensor():
+    def windows(dev):
+        x = dev(torch.tensor(0.5))
+        return x.unfold(0, 0, 1), x.unfold(0, 1, 1)
+
+    def write(dev):
+        x, y = dev(torch.tensor(0.5)), dev(torch.tensor(0.5))
+        x.unfold(0, 0, 1).fill_(3.0)  # an empty window writes nothing
+        y.unfold(0, 1, 1).fill_(3.0)
+        return x, y
+
+    _check(windows)
+    _check(write)
