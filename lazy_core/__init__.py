@@ -1,5 +1,6 @@
 """Framework-neutral lazy IR: nodes, hashing, live values, the graph cut, text and dot dumps."""
 
+from lazy_core.digest import digest, register_atoms
 from lazy_core.dump import ir_dot, ir_text
 from lazy_core.graph import Graph, cut_graph
 from lazy_core.ir import Node, Operand, constant, data_leaf, getitem, scalar_leaf
@@ -17,11 +18,13 @@ __all__ = [
     "constant",
     "cut_graph",
     "data_leaf",
+    "digest",
     "getitem",
     "ir_dot",
     "ir_text",
     "live_storages",
     "pending_and_held",
     "pending_storages",
+    "register_atoms",
     "scalar_leaf",
 ]

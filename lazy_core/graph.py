@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lazy_core.digest import T_GRAPH, Hasher, digest
 from lazy_core.ir import DATA, PARAM_OPS, SCALAR, Node, _native
 
 
@@ -14,8 +15,9 @@ class Graph:
     """A cut graph, ready to compile and run.
 
     ``nodes`` is the post-order of every node the roots need; ``params`` the parameter leaves in
-    first-use order, one per distinct device buffer; ``key`` identifies the executable: equal keys
-    mean the same computation on parameters of the same shapes, dtypes and aliasing.
+    first-use order, one per distinct device buffer; ``key`` identifies the executable: a
+    type-exact 128-bit digest (lazy_core/digest.py), so equal keys mean the same computation on
+    parameters of the same shapes, dtypes and aliasing, never merely an equal Python hash.
     """
 
     roots: tuple[Node, ...]
@@ -59,28 +61,28 @@ def _param_index(params: Sequence[Node]) -> dict[int, int]:
 
 
 def _back_ref(position: int) -> int:
-    # Negative, and never -1: CPython hashes -1 like -2, which would merge two wirings.
+    # Negative: parameter indices are not.
     return -2 - position
 
 
 def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
     """Cut the graph that computes ``roots``: one iterative post-order walk, O(nodes).
 
-    ``salt`` (device, donation mask, ...) enters the key. Roots are de-duplicated by identity.
+    ``salt`` (device, donation mask, ...; anything ``digest`` takes) enters the key. Roots are
+    de-duplicated by identity.
     """
     unique_roots = tuple(dict.fromkeys(roots))  # nodes compare by identity
     walk = _walk if _native is None else _native.walk
-    order, params, wiring = walk(unique_roots, DATA, SCALAR)
-    key = hash((tuple([r.hash for r in unique_roots]), wiring, len(order), salt))
-    return Graph(unique_roots, order, params, key)
+    order, params, structure = walk(unique_roots, DATA, SCALAR)
+    return Graph(unique_roots, order, params, digest((structure, salt)))
 
 
 def _walk(roots: tuple[Node, ...], data: str, scalar: str) -> tuple[tuple, tuple, tuple]:
     """The post-order of every node ``roots`` need, the parameter leaves in first-use order, and
-    the hash of the wiring: the key must tell apart graphs whose nodes hash alike but are wired
-    differently (leaves hash by shape and dtype only), so it gets the parameter index of every
-    leaf and, for every edge into a node already walked, that node's post-order position. (In C
-    when built: lazy_core/csrc/node.cpp.)"""
+    the digest of the structure: the roots' digests and the wiring. The key must tell apart graphs
+    whose nodes digest alike but are wired differently (leaves digest by shape and dtype only), so
+    the wiring has the parameter index of every leaf and, for every edge into a node already
+    walked, that node's post-order position. (In C when built: lazy_core/csrc/node.cpp.)"""
     order: list[Node] = []
     params: list[Node] = []
     param_pos: dict[int, int] = {}
@@ -113,4 +115,11 @@ def _walk(roots: tuple[Node, ...], data: str, scalar: str) -> tuple[tuple, tuple
                     param_pos[ident] = len(params)
                     params.append(node)
                 wiring.append(param_pos[ident])
-    return tuple(order), tuple(params), hash(tuple(wiring))
+    h = Hasher()
+    for w in (T_GRAPH, len(roots), *_halves(roots), len(wiring), *wiring, len(order)):
+        h.add(w)
+    return tuple(order), tuple(params), h.done()
+
+
+def _halves(nodes: tuple[Node, ...]) -> list[int]:
+    return [half for n in nodes for half in (n.digest & 0xFFFFFFFFFFFFFFFF, n.digest >> 64)]

@@ -1,12 +1,14 @@
-"""IR nodes: immutable ``(op, src, arg, dtype, shape)`` records with structural hashes."""
+"""IR nodes: immutable ``(op, src, arg, dtype, shape)`` records with structural digests."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from lazy_core.digest import T_NODE, Hasher
+
 # Leaf ops. Everything else names an operation of the lowering table (e.g. "aten.add.Tensor").
-DATA = "data"  # a device buffer; hashed by shape and dtype only, never by content or identity
-SCALAR = "scalar"  # a Python number passed as a graph parameter; hashed by dtype only
+DATA = "data"  # a device buffer; digested by shape and dtype only, never by content or identity
+SCALAR = "scalar"  # a Python number passed as a graph parameter; digested by dtype only
 CONSTANT = "constant"  # 0 and 1, baked into the graph
 GETITEM = "getitem"  # output ``arg`` of a multi-output node
 
@@ -32,12 +34,16 @@ def current_site() -> str | None:
 class PyNode:
     """One IR operation. ``dtype``/``shape`` are tuples of per-output entries for multi-output ops.
 
-    ``payload`` carries a leaf's value (device buffer or Python number) and never enters the hash.
-    ``site`` is the user call site that created the node, when a front end records sites
-    (``attribute_to``); None otherwise.
+    ``digest`` is the node's type-exact structural digest (lazy_core/digest.py): op, ``arg``,
+    dtype, shape and the sources' digests; executables and memos are keyed on it. ``hash`` is its
+    low 64 bits, for display. ``payload`` carries a leaf's value (device buffer or Python number)
+    and never enters the digest. ``site`` is the user call site that created the node, when a
+    front end records sites (``attribute_to``); None otherwise.
     """
 
-    __slots__ = ("__weakref__", "arg", "dtype", "hash", "op", "payload", "shape", "site", "src")
+    __slots__ = (
+        "__weakref__", "arg", "digest", "dtype", "hash", "op", "payload", "shape", "site", "src",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -55,7 +61,17 @@ class PyNode:
         self.shape = shape
         self.payload = payload
         self.site = _site
-        self.hash = hash((op, arg, dtype, shape, tuple([s.hash for s in src])))
+        h = Hasher()
+        h.add(T_NODE)
+        for part in (op, arg, dtype, shape):
+            h.absorb(part)
+        h.add(len(src))
+        for s in src:
+            h.add(s.digest & 0xFFFFFFFFFFFFFFFF)
+            h.add(s.digest >> 64)
+        self.digest = h.done()
+        low = self.digest & 0xFFFFFFFFFFFFFFFF
+        self.hash = -2 if low == (1 << 64) - 1 else low - (1 << 64) if low >> 63 else low
 
     @property
     def num_outputs(self) -> int:
@@ -68,7 +84,7 @@ class PyNode:
 class Operand(tuple):
     """Marks, inside a node's ``arg`` template, where operand ``src[i]`` goes in the op's call.
 
-    A tuple underneath so templates hash in C (this is on the per-op tracing path).
+    A tuple underneath so templates digest in C (this is on the per-op tracing path).
     """
 
     __slots__ = ()
@@ -85,7 +101,7 @@ class Operand(tuple):
 
 
 # The C extension (lazy_core/csrc), None when it is not built; the rest of the package
-# takes it from here. Its Node type has the same attributes, hash, num_outputs and repr as
+# takes it from here. Its Node type has the same attributes, digest, num_outputs and repr as
 # PyNode at about a fifth of the construction cost; the site it records is the one given to its
 # own attribute_to.
 try:

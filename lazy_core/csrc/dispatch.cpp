@@ -44,7 +44,13 @@ PyObject* view(PyObject* plan, PyObject* args, PyObject* kwargs) {
             PyTuple_SET_ITEM(kwargs_k.p, i++, pair);
         }
     }
-    Ref key(PyTuple_Pack(3, PyTuple_GET_ITEM(plan, 1), args_k.p, kwargs_k.p));
+    // The Python path's _view_key: (name, digest((args, kwargs))).
+    Hasher h;
+    h.add(TAG_TUPLE);
+    h.add(2);
+    if (!absorb(h, args_k.p) || !absorb(h, kwargs_k.p)) return nullptr;
+    Ref digest(digest_int(h.done()));
+    Ref key(digest ? PyTuple_Pack(2, PyTuple_GET_ITEM(plan, 1), digest.p) : nullptr);
     if (!key) return nullptr;
     PyObject* entry = PyDict_GetItemWithError(cfg.view_cache, key.p);  // borrowed
     if (entry == nullptr) return nullptr;
@@ -259,8 +265,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     using namespace lazy_native;
     PyObject* m = PyModule_Create(&module);
     if (m == nullptr) return nullptr;
-    if (!add_dispatch(m) || !add_recording(m) || !add_nodes(m) || !add_storages(m) ||
-        !add_autocast(m)) {
+    if (!add_dispatch(m) || !add_recording(m) || !add_nodes(m) || !add_digests(m) ||
+        !add_storages(m) || !add_autocast(m)) {
         Py_DECREF(m);
         return nullptr;
     }

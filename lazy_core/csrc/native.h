@@ -9,6 +9,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <cstdint>
 #include <unordered_map>
 
 namespace lazy_native {
@@ -29,12 +30,61 @@ struct Ref {
 };
 
 // ---------------------------------------------------------------------------------------------
+// digest.cpp: type-exact 128-bit digests (lazy_core/digest.py is the twin and says why).
+
+struct Digest {
+    uint64_t lo = 0, hi = 0;
+    bool operator==(const Digest& o) const { return lo == o.lo && hi == o.hi; }
+};
+
+// Two lanes of multiply-rotate rounds over a stream of 64-bit words; ``done`` mixes them.
+struct Hasher {
+    static constexpr uint64_t P1 = 0x9E3779B185EBCA87ULL, P2 = 0xC2B2AE3D27D4EB4FULL,
+                              P3 = 0x165667B19E3779F9ULL, P4 = 0x85EBCA77C2B2AE63ULL,
+                              P5 = 0x27D4EB2F165667C5ULL;
+    uint64_t a = 0x243F6A8885A308D3ULL, b = 0x13198A2E03707344ULL, n = 0;
+    static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+    static uint64_t avalanche(uint64_t x) {
+        x ^= x >> 33;
+        x *= P2;
+        x ^= x >> 29;
+        x *= P3;
+        return x ^ (x >> 32);
+    }
+    void add(uint64_t w) {
+        a = rotl(a + w * P2, 31) * P1;
+        b = rotl(b ^ (w * P4), 27) * P3 + P5;
+        n++;
+    }
+    Digest done() const {
+        uint64_t x = avalanche(a + rotl(b, 23) + n * P5);
+        uint64_t y = avalanche(b ^ x ^ (n * P1));
+        return {x, y};
+    }
+};
+
+// Word tags of the serialization (digest.py has the same).
+enum Tag : uint64_t {
+    TAG_NONE = 1, TAG_BOOL, TAG_INT, TAG_BIGINT, TAG_FLOAT, TAG_COMPLEX, TAG_STR, TAG_BYTES,
+    TAG_TUPLE, TAG_SUBTUPLE, TAG_ATOM, TAG_NODE, TAG_GRAPH
+};
+
+// Feed ``v``'s type-exact serialization to ``h``; false with a TypeError for a value of a type
+// the serialization does not know.
+bool absorb(Hasher& h, PyObject* v);
+// A digest as a non-negative Python int below 2**128.
+PyObject* digest_int(const Digest& d);
+// Add digest() and register_atoms() to the module.
+bool add_digests(PyObject* module);
+
+// ---------------------------------------------------------------------------------------------
 // node.cpp
 
 struct NodeObject {
     PyObject_HEAD
     PyObject *op, *src, *arg, *dtype, *shape, *payload, *site;
-    Py_hash_t hash;
+    Py_hash_t hash;  // the digest's low 64 bits, for display
+    Digest digest;   // type-exact structural digest: op, arg, dtype, shape and the sources'
     PyObject* weakrefs;
     // The graph walk's marks: the walk that last reached this node, and the node's post-order
     // position in it (-1 while on its stack). No map from nodes to positions is needed.

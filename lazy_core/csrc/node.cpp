@@ -9,38 +9,10 @@
 namespace lazy_native {
 
 // ----------------------------------------------------------------------------------------------
-// Node: same attributes and same structural hash as the Python twin.
+// Node: same attributes and same structural digest as the Python twin.
 
 PyObject* current_site = Py_None;  // the user site new nodes are attributed to (attribute_to)
 
-
-// CPython's tuple hash (xxHash-based, 3.8+) over the given lanes, so a node hashes exactly as
-// ``hash((op, arg, dtype, shape, tuple(s.hash for s in src)))`` does in the Python twin.
-struct TupleHash {
-    static constexpr Py_uhash_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL,
-                                P5 = 2870177450012600261ULL;
-    Py_uhash_t acc = P5;
-    Py_ssize_t n = 0;
-    void add(Py_uhash_t lane) {
-        acc += lane * P2;
-        acc = (acc << 31) | (acc >> 33);
-        acc *= P1;
-        n++;
-    }
-    Py_hash_t done() const {
-        Py_uhash_t a = acc + ((Py_uhash_t)n ^ (P5 ^ 3527539UL));
-        return a == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)a;
-    }
-};
-
-// hash() of a Python int holding x: x modulo 2**61 - 1, keeping its sign; -1 becomes -2.
-Py_hash_t int_hash(Py_hash_t x) {
-    const Py_uhash_t modulus = ((Py_uhash_t)1 << 61) - 1;
-    Py_uhash_t magnitude = x < 0 ? (Py_uhash_t)0 - (Py_uhash_t)x : (Py_uhash_t)x;
-    Py_hash_t r = (Py_hash_t)(magnitude % modulus);
-    if (x < 0) r = -r;
-    return r == -1 ? -2 : r;
-}
 
 PyTypeObject NodeType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
@@ -82,22 +54,19 @@ PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyO
         PyErr_SetString(PyExc_TypeError, "Node: src must be a tuple of Nodes");
         return nullptr;
     }
-    TupleHash srcs;
+    Hasher h;
+    h.add(TAG_NODE);
+    for (PyObject* part : {argv[0], argv[2], argv[3], argv[4]})
+        if (!absorb(h, part)) return nullptr;
+    h.add((uint64_t)PyTuple_GET_SIZE(src));
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(src); i++) {
         PyObject* s = PyTuple_GET_ITEM(src, i);
         if (!PyObject_TypeCheck(s, &NodeType)) {
             PyErr_SetString(PyExc_TypeError, "Node: src must be a tuple of Nodes");
             return nullptr;
         }
-        srcs.add((Py_uhash_t)int_hash(((NodeObject*)s)->hash));
-    }
-    TupleHash h;
-    PyObject* hashed[4] = {argv[0], argv[2], argv[3], argv[4]};
-    for (int i = 0; i < 4; i++) {
-        Py_hash_t lane = PyObject_Hash(hashed[i]);
-        if (lane == -1) return nullptr;
-        h.add((Py_uhash_t)lane);
-        if (i == 3) h.add((Py_uhash_t)srcs.done());
+        h.add(((NodeObject*)s)->digest.lo);
+        h.add(((NodeObject*)s)->digest.hi);
     }
     NodeObject* self = PyObject_New(NodeObject, type);
     if (self == nullptr) return nullptr;
@@ -108,7 +77,8 @@ PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyO
         Py_INCREF(values[i]);
         *fields[i] = values[i];
     }
-    self->hash = h.done();
+    self->digest = h.done();
+    self->hash = (Py_hash_t)self->digest.lo == -1 ? -2 : (Py_hash_t)self->digest.lo;
     self->weakrefs = nullptr;
     self->walk = 0;
     self->position = -1;
@@ -180,6 +150,8 @@ PyObject* node_num_outputs(NodeObject* self, void*) {
     return PyLong_FromSsize_t(PyTuple_Check(self->dtype) ? PyTuple_GET_SIZE(self->dtype) : 1);
 }
 
+PyObject* node_digest(NodeObject* self, void*) { return digest_int(self->digest); }
+
 PyObject* node_repr(NodeObject* self) {
     Ref shape(PySequence_List(self->shape));
     if (!shape) return nullptr;
@@ -201,6 +173,7 @@ PyMemberDef node_members[] = {
 
 PyGetSetDef node_getset[] = {
     {"num_outputs", (getter)node_num_outputs, nullptr, nullptr, nullptr},
+    {"digest", (getter)node_digest, nullptr, nullptr, nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyObject* attribute_to(PyObject*, PyObject* site) {
@@ -217,7 +190,8 @@ PyObject* get_current_site(PyObject*, PyObject*) {
 
 // ----------------------------------------------------------------------------------------------
 // The graph cut's walk (lazy_core/graph.py: _walk, which it mirrors): post-order from the roots,
-// parameters by first use, and the wiring that tells apart graphs whose nodes hash alike.
+// parameters by first use, and the structure's digest: the roots' digests and the wiring that
+// tells apart graphs whose nodes digest alike.
 
 
 unsigned long long walks = 0;  // numbers the walks; a node's ``walk`` says which reached it
@@ -295,14 +269,23 @@ PyObject* walk(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
             }
         }
     }
-    // The wiring enters only the graph key: its hash, as hash(tuple(wiring)) would give it.
-    TupleHash wires;
-    for (Py_ssize_t w : wiring) wires.add((Py_uhash_t)int_hash(w));
-    Ref wires_hash(PyLong_FromSsize_t(wires.done()));
-    if (!wires_hash) return nullptr;
+    // The structure enters only the graph key: the roots' digests, the wiring, the node count.
+    Hasher h;
+    h.add(TAG_GRAPH);
+    h.add((uint64_t)PyTuple_GET_SIZE(roots));
+    for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(roots); r++) {
+        const Digest& d = ((NodeObject*)PyTuple_GET_ITEM(roots, r))->digest;
+        h.add(d.lo);
+        h.add(d.hi);
+    }
+    h.add((uint64_t)wiring.size());
+    for (Py_ssize_t w : wiring) h.add((uint64_t)w);
+    h.add((uint64_t)PyList_GET_SIZE(order.p));
+    Ref structure(digest_int(h.done()));
+    if (!structure) return nullptr;
     Ref order_t(PyList_AsTuple(order.p)), params_t(PyList_AsTuple(params.p));
     if (!order_t || !params_t) return nullptr;
-    return PyTuple_Pack(3, order_t.p, params_t.p, wires_hash.p);
+    return PyTuple_Pack(3, order_t.p, params_t.p, structure.p);
 }
 
 PyMethodDef node_methods[] = {
@@ -310,7 +293,7 @@ PyMethodDef node_methods[] = {
      "Attribute nodes created from now on to a site; returns the previous one."},
     {"current_site", (PyCFunction)get_current_site, METH_NOARGS, "The site of new nodes."},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
-     "walk(roots, data_op, scalar_op) -> (post-order, parameters, hash of the wiring); graph.py."},
+     "walk(roots, data_op, scalar_op) -> (post-order, parameters, structure digest); graph.py."},
     {nullptr, nullptr, 0, nullptr}};
 
 bool add_type(PyObject* module, PyTypeObject* type, const char* name) {

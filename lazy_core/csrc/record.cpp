@@ -97,7 +97,8 @@ bool is_constant(PyObject* v, int kind) {
         }
         default: {
             Py_complex c = PyComplex_AsCComplex(v);
-            return c.imag == 0.0 && (c.real == 0.0 || c.real == 1.0);
+            return c.imag == 0.0 && !std::signbit(c.imag) &&
+                   ((c.real == 0.0 && !std::signbit(c.real)) || c.real == 1.0);
         }
     }
 }
@@ -287,17 +288,29 @@ bool template_of(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops
     return true;
 }
 
-// The memo entry (borrowed) of a call with this template, whose operands' keys are ops.keys from
-// ``first`` on: (Meta, the template as first recorded, which equal calls' nodes share), the
-// Python path's _memo; nullptr when there is none.
-PyObject* memoized(PyObject* plan, PyObject* args_t, PyObject* kwargs_t, Operands& ops,
-                   Py_ssize_t first) {
+// The memo digest of a call with this template whose operands' keys are ops.keys from ``first``
+// on: the Python path's memo_key, digest((args_t, kwargs_t, keys)). False on an error.
+bool memo_digest(PyObject* args_t, PyObject* kwargs_t, Operands& ops, Py_ssize_t first,
+                 Digest& out) {
     Py_ssize_t nkeys = PyList_GET_SIZE(ops.keys.p) - first;
-    Ref keys_t(PyTuple_New(nkeys));
-    if (!keys_t) return nullptr;
+    Hasher h;
+    h.add(TAG_TUPLE);
+    h.add(3);
+    if (!absorb(h, args_t) || !absorb(h, kwargs_t)) return false;
+    h.add(TAG_TUPLE);
+    h.add((uint64_t)nkeys);
     for (Py_ssize_t i = 0; i < nkeys; i++)
-        PyTuple_SET_ITEM(keys_t.p, i, Py_NewRef(PyList_GET_ITEM(ops.keys.p, first + i)));
-    Ref key(PyTuple_Pack(4, PyTuple_GET_ITEM(plan, 1), args_t, kwargs_t, keys_t.p));
+        if (!absorb(h, PyList_GET_ITEM(ops.keys.p, first + i))) return false;
+    out = h.done();
+    return true;
+}
+
+// The memo entry (borrowed) of a call of ``plan``'s op with this memo digest: (Meta, the template
+// as first recorded, which equal calls' nodes share), the Python path's _memo; nullptr when there
+// is none.
+PyObject* memoized(PyObject* plan, const Digest& digest) {
+    Ref d(digest_int(digest));
+    Ref key(d ? PyTuple_Pack(2, PyTuple_GET_ITEM(plan, 1), d.p) : nullptr);
     if (!key) return nullptr;
     PyObject* entry = PyDict_GetItemWithError(cfg.meta_cache, key.p);
     if (entry == nullptr || (PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2))
@@ -380,7 +393,9 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     if (!ops.srcs || !ops.keys) return nullptr;
     Ref args_t, kwargs_t;
     if (!template_of(plan, args, kwargs, ops, args_t, kwargs_t)) return nullptr;
-    PyObject* entry = memoized(plan, args_t.p, kwargs_t.p, ops, 0);
+    Digest digest;
+    if (!memo_digest(args_t.p, kwargs_t.p, ops, 0, digest)) return nullptr;
+    PyObject* entry = memoized(plan, digest);
     if (entry == nullptr) return nullptr;
     PyObject* meta = PyTuple_GET_ITEM(entry, 0);
     PyObject* dtype_name;
@@ -410,34 +425,19 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     return node ? fresh(node.p, meta, ops.device.p) : nullptr;
 }
 
-// A template and Meta seen earlier in one foreach call (borrowed: the call's templates, Metas
-// and keys hold them), and where its operands' keys are.
+// A template and Meta seen earlier in one foreach call (borrowed: the call's templates and Metas
+// hold them), and its memo digest.
 struct SeenElement {
     PyObject* pair;
     PyObject* meta;
-    Py_ssize_t first, nkeys;
+    Digest digest;
 };
-
-// Whether an element with this template and these operand keys has the Meta of ``seen``: equal
-// templates and keys make an equal memo key. -1 on an error.
-int same_element(const SeenElement& seen, PyObject* args_t, PyObject* kwargs_t, PyObject* keys,
-                 Py_ssize_t first, Py_ssize_t nkeys) {
-    if (seen.nkeys != nkeys) return 0;
-    for (Py_ssize_t i = 0; i < nkeys; i++) {
-        int same = PyObject_RichCompareBool(PyList_GET_ITEM(keys, first + i),
-                                            PyList_GET_ITEM(keys, seen.first + i), Py_EQ);
-        if (same != 1) return same;
-    }
-    int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(seen.pair, 0), args_t, Py_EQ);
-    if (same != 1) return same;
-    return PyObject_RichCompareBool(PyTuple_GET_ITEM(seen.pair, 1), kwargs_t, Py_EQ);
-}
 
 // elements(plan, calls): the operands, per-call templates, Metas, device and per-call operand
 // counts of a foreach op's element calls ``[(args, kwargs), ...]`` sharing one operand list
 // (lazy_torch's _elements: each call's markers count from its own first operand), or None where
 // the Python path must do it. A call like an earlier one (an optimizer's lists repeat a few
-// shapes) shares its template and takes its Meta without building and hashing a memo key.
+// shapes) shares its template and takes its Meta without a memo lookup.
 PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 5 ||
         !PyList_CheckExact(argv[1])) {
@@ -467,28 +467,24 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
         ok = template_of(plan, PyTuple_GET_ITEM(call, 0), PyDict_GET_SIZE(kwargs) ? kwargs : nullptr,
                          ops, args_t, kwargs_t);
         if (!ok) break;
-        Py_ssize_t nkeys = PyList_GET_SIZE(ops.keys.p) - first;
+        Digest digest;
+        ok = memo_digest(args_t.p, kwargs_t.p, ops, first, digest);
+        if (!ok) break;
         PyObject *pair = nullptr, *meta = nullptr;
         for (int k = 0; k < nseen; k++) {
-            int same = same_element(seen[k], args_t.p, kwargs_t.p, ops.keys.p, first, nkeys);
-            if (same < 0) {
-                ok = false;
-                break;
-            }
-            if (same == 1) {
+            if (seen[k].digest == digest) {
                 pair = Py_NewRef(seen[k].pair);
                 meta = seen[k].meta;
                 break;
             }
         }
-        if (!ok) break;
         if (pair == nullptr) {
-            PyObject* entry = memoized(plan, args_t.p, kwargs_t.p, ops, first);
+            PyObject* entry = memoized(plan, digest);
             ok = entry != nullptr;
             if (!ok) break;
             meta = PyTuple_GET_ITEM(entry, 0);
             pair = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
-            if (nseen < 8) seen[nseen++] = {pair, meta, first, nkeys};
+            if (nseen < 8) seen[nseen++] = {pair, meta, digest};
         }
         PyTuple_SET_ITEM(templates.p, e, pair);
         PyList_SET_ITEM(metas.p, e, Py_NewRef(meta));
