@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 from collections.abc import Iterable
 from typing import Any
@@ -127,9 +128,32 @@ class LazyTensor(torch.Tensor):
     def tolist(self):
         return to_cpu(self, cause="tolist").tolist()
 
+    def __format__(self, format_spec: str) -> str:
+        # As eager: a 0-dim tensor formats as its Python number (f"{loss:.4f}"), others as text.
+        if self.dim() == 0 and not getattr(self, "_is_param", False):
+            return self.item().__format__(format_spec)
+        if format_spec:
+            kind = "Parameter" if getattr(self, "_is_param", False) else "Tensor"
+            raise TypeError(f"unsupported format string passed to {kind}.__format__")
+        return str(self)
+
     def __reduce_ex__(self, protocol):
-        # Pickles (torch.save) hold plain CPU tensors, never device-specific objects.
-        return to_cpu(self, cause="save").__reduce_ex__(protocol)
+        # As PyTorch pickles XLA tensors: the values as a CPU tensor, rebuilt by PyTorch's own
+        # functions (allowed under weights_only), which put them back on this device at load, or
+        # where map_location says. A parameter stays a parameter, as eager's do.
+        if getattr(self, "_is_param", False):
+            state = {
+                k: v for k, v in self.__dict__.items() if k not in ("_lazy", "_meta", "_is_param")
+            }
+            args = (self.detach(), self.requires_grad, collections.OrderedDict())
+            if state:
+                return (torch._utils._rebuild_parameter_with_state, (*args, state))
+            return (torch._utils._rebuild_parameter, args)
+        cpu = to_cpu(self, cause="save")
+        return (
+            torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (cpu, self.dtype, str(self.device), self.requires_grad),
+        )
 
 
 if extension is not None:

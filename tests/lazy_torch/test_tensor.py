@@ -1,12 +1,15 @@
 """Lazy tensors against eager CPU: creation, sync points, printing, errors, fallback."""
 
 import copy
+import io
+import re
 
 import pytest
 import torch
 
 import lazy_torch
 import runtime
+from lazy_torch import LazyTensor
 from lowerings import LOWERINGS
 
 
@@ -280,3 +283,71 @@ def test_deepcopy_copies_values_not_the_graph():
     copied = copy.deepcopy(view)
     assert copied.stride() == view.stride()
     torch.testing.assert_close(copied.cpu(), view.cpu())
+
+
+def _saved(obj):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_save_and_load_of_tensors_and_state_dicts_follow_eagers_devices():
+    # Eager reloads a CUDA tensor onto its device, or where map_location says.
+    model = torch.nn.Linear(3, 2).to("lazy")
+    t = torch.arange(6.0).reshape(2, 3).t().to("lazy")  # strided
+    saved = {"t": t, "i": t.to(torch.int64), "zero": torch.tensor(0.5, device="lazy")}
+    saved["model"] = model.state_dict()
+    for weights_only in (True, False):
+        loaded = torch.load(_saved(saved), weights_only=weights_only)
+        on_cpu = torch.load(_saved(saved), weights_only=weights_only, map_location="cpu")
+        mapped = torch.load(_saved(saved), map_location={"lazy:0": "cpu"})
+        for key in ("t", "i", "zero"):
+            assert type(loaded[key]) is LazyTensor and loaded[key].device == t.device
+            assert type(on_cpu[key]) is torch.Tensor and on_cpu[key].device.type == "cpu"
+            assert mapped[key].device.type == "cpu"
+            assert loaded[key].dtype == on_cpu[key].dtype == saved[key].dtype
+            assert torch.equal(loaded[key].cpu(), saved[key].cpu())
+            assert torch.equal(on_cpu[key], saved[key].cpu())
+        for name, value in model.state_dict().items():
+            assert loaded["model"][name].device == t.device
+            assert on_cpu["model"][name].device.type == "cpu"
+            assert torch.equal(loaded["model"][name].cpu(), value.cpu())
+
+
+def test_save_and_load_of_a_whole_module():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()).to("lazy")
+    model[0].weight.requires_grad_(False)
+    x = torch.randn(4, 3)
+    loaded = torch.load(_saved(model), weights_only=False)
+    on_cpu = torch.load(_saved(model), weights_only=False, map_location="cpu")
+    for copy_, device in ((loaded, "lazy"), (on_cpu, "cpu")):
+        params = dict(copy_.named_parameters(remove_duplicate=False))
+        assert params.keys() == dict(model.named_parameters()).keys()
+        for name, p in params.items():
+            original = dict(model.named_parameters())[name]
+            assert isinstance(p, torch.nn.Parameter) and p.device.type == device
+            assert p.requires_grad == original.requires_grad
+            assert torch.equal(p.detach().cpu(), original.detach().cpu())
+        out = copy_(x.to(device))
+        torch.testing.assert_close(out.detach().cpu(), model(x.to("lazy")).detach().cpu())
+    # The reloaded lazy module trains.
+    loaded(x.to("lazy")).sum().backward()
+    assert loaded[0].bias.grad.device.type == "lazy"
+
+
+def test_format_matches_eager():
+    for value in (torch.tensor(0.5), torch.tensor(3), torch.tensor(True), torch.ones(2)):
+        lazy = value.to("lazy")
+        if value.dim() == 0:  # formats as its Python number
+            for spec in (">8", ".3f", "", "^10"):
+                if value.dtype == torch.bool and spec == ".3f":
+                    continue
+                assert format(lazy, spec) == format(value, spec)
+            assert f"{lazy}" == f"{value}" and f"{lazy:>8}" == f"{value:>8}"
+        else:  # as its text, with the device as CUDA's
+            assert f"{lazy}" == format(lazy, "") == str(lazy) == "tensor([1., 1.], device='lazy:0')"
+            with pytest.raises(TypeError) as eager:
+                format(value, ">8")
+            with pytest.raises(TypeError, match=re.escape(str(eager.value))):
+                format(lazy, ">8")
