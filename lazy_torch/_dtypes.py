@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from lazy_core import register_atoms
+
 # torch dtype -> IR dtype name, for every dtype the lazy device supports.
 DTYPE_NAMES = {
     d: str(d).removeprefix("torch.")
@@ -27,6 +29,11 @@ DTYPE_NAMES = {
     )
 }
 _FROM_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+
+# Keys (lazy_core/digest.py) may hold torch dtypes and Python's number types: each digests as its
+# name.
+register_atoms({d: str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)})
+register_atoms({t: f"builtins.{t.__name__}" for t in (bool, int, float, complex)})
 
 
 def dtype_name(dtype: torch.dtype) -> str:

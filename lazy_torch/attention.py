@@ -20,9 +20,11 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from lazy_core import digest
+
 aten = torch.ops.aten
 _FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
-_choices: dict[tuple, bool] = {}
+_choices: dict[int, bool] = {}
 
 
 def _describe(t: Any) -> Any:
@@ -59,7 +61,8 @@ def _validate(args: list, flags: dict) -> None:
 def _fused(args: tuple, dropout_p: float, is_causal: bool, scale: Any, enable_gqa: bool) -> bool:
     """Whether eager CPU would run these arguments on its fused kernel (after raising its errors
     for them)."""
-    key = (
+    # Type-exact (lazy_core/digest.py): a scale of 1 and of 1.0 are different calls.
+    key = digest((
         tuple(_describe(a) for a in args),
         dropout_p,
         is_causal,
@@ -68,7 +71,7 @@ def _fused(args: tuple, dropout_p: float, is_causal: bool, scale: Any, enable_gq
         torch.is_grad_enabled(),
         torch._C._get_flash_sdp_enabled(),
         torch._C._get_math_sdp_enabled(),
-    )
+    ))  # fmt: skip
     fused = _choices.get(key)
     if fused is None:
         flags = {

@@ -22,7 +22,6 @@ from lazy_core import (
     constant,
     digest,
     getitem,
-    register_atoms,
     scalar_leaf,
 )
 from lazy_core.ir import GETITEM, OPERANDS, Elements, operand, operands
@@ -303,9 +302,7 @@ def _template(plan: _Plan, args: tuple, kwargs: dict, ops: _Operands) -> tuple[t
 
 # Memo keys are (op name, type-exact digest of the template and operand keys): ``8`` and ``8.0``,
 # ``True`` and ``1``, ``0.0`` and ``-0.0`` are different calls (lazy_core/digest.py). Operand
-# keys hold dtypes and Python number types, which digest as these names.
-register_atoms({d: str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)})
-register_atoms({t: f"builtins.{t.__name__}" for t in (bool, int, float, complex)})
+# keys hold dtypes and Python number types, atoms registered by _dtypes.py.
 _meta_cache: dict[tuple[str, int], tuple] = {}
 
 
@@ -647,7 +644,7 @@ def _inplace(functional: Any) -> Handler:
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
         eager_resizes = False
         try:
-            infer(func, args, kwargs, (plan.name, args_t, kwargs_t, tuple(ops.keys)))  # errors
+            infer(func, args, kwargs, memo_key(plan.name, args_t, kwargs_t, ops.keys))  # errors
         except RuntimeError:
             # Meta kernels refuse some resizes eager makes (``addbmm_`` on a 1-element self).
             check_like_eager(func, args, kwargs)
