@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from lazy_torch import rng, sites
+from lazy_torch import indexing, rng, sites  # noqa: F401 (indexing registers its handlers)
 from lazy_torch.dispatch import (
     NATIVE_RECORD,
     NATIVE_SHARE,
@@ -17,7 +17,6 @@ from lazy_torch.dispatch import (
     record,
     special,
 )
-from lazy_torch.dispatch import recorded as _recorded_or_fallback
 from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, upload, wrap
 
 aten = torch.ops.aten
@@ -261,48 +260,6 @@ def _native_batch_norm(func, args, kwargs):
     assign(running_mean, new_mean)
     assign(running_var, new_var)
     return out, mean, invstd
-
-
-def _is_mask(index: Any) -> bool:
-    return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
-
-
-def _mask_to_indices(indices: Any) -> list:
-    """Boolean masks as the integer index tensors they select (a data-dependent sync)."""
-    out: list = []
-    for index in indices:
-        if _is_mask(index):
-            out.extend(torch.ops.aten.nonzero.default(index).unbind(1))
-        else:
-            out.append(index)
-    return out
-
-
-@special(aten.index.Tensor)
-def _index(func, args, kwargs):
-    self, indices = args
-    if any(_is_mask(i) for i in indices):
-        return dispatch(func, (self, _mask_to_indices(indices)), kwargs)
-    return _recorded_or_fallback(func, args, kwargs)
-
-
-@special(aten.index_put.default)
-def _index_put(func, args, kwargs):
-    self, indices, values = args[:3]
-    if not any(_is_mask(i) for i in indices):
-        return _recorded_or_fallback(func, args, kwargs)
-    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
-    mask = indices[0]
-    if (
-        len(indices) == 1
-        and not accumulate
-        and values.numel() == 1
-        and tuple(mask.shape) == tuple(self.shape[: mask.dim()])
-    ):
-        # ``x[mask] = v`` is a select, with no data-dependent shape and no sync.
-        mask = mask.bool().reshape(tuple(mask.shape) + (1,) * (self.dim() - mask.dim()))
-        return dispatch(aten.where.self, (mask, values.reshape(()).to(self.dtype), self), {})
-    return dispatch(func, (self, _mask_to_indices(indices), values, *args[3:]), kwargs)
 
 
 @special(aten.resize_.default, aten.resize.default)

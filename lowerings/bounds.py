@@ -1,8 +1,9 @@
-"""Runtime checks: eager raises on an out-of-range index or an integer division by zero; XLA
-would clamp, drop or return garbage.
+"""Runtime checks: eager raises on an out-of-range index, an integer division by zero or a
+masked_scatter source with fewer elements than the mask selects; XLA would clamp, drop or return
+garbage.
 
 Each op that reads or writes through an index tensor has one entry in ``BOUNDS``, each integer
-division one in ``DIVISIONS``. The runtime evaluates ``runtime_checks`` next to the op's lowering:
+division one in ``DIVISIONS``; masked_scatter has a check of its own. The runtime evaluates ``runtime_checks`` next to the op's lowering:
 every check yields ``[bad, index]`` on the device (whether any index is out of range, and the
 first such index in row-major order), and the runtime raises eager's error, built by the entry's
 ``error``, when a graph reports one. The data never leaves the device otherwise.
@@ -86,6 +87,18 @@ class _ZeroDivision:
 
 
 _ZERO_DIVISION = _ZeroDivision()
+
+
+class _SourceTooSmall:
+    """masked_scatter: eager raises when the mask selects more elements than the source has."""
+
+    @staticmethod
+    def error(index: int, dim: int, size: int) -> Exception:
+        return RuntimeError("Number of elements of source < number of ones in mask")
+
+
+_SOURCE_TOO_SMALL = _SourceTooSmall()
+_MASKED_SCATTER = "aten.masked_scatter.default"
 DIVISIONS = frozenset(
     f"aten.{name}"
     for name in (
@@ -100,7 +113,7 @@ DIVISIONS = frozenset(
         "fmod.Scalar",
     )
 )
-CHECKED = frozenset(BOUNDS) | DIVISIONS
+CHECKED = frozenset(BOUNDS) | DIVISIONS | {_MASKED_SCATTER}
 
 
 def _integral(x: Any) -> bool:
@@ -119,6 +132,12 @@ def runtime_checks(op: str, args: tuple, kwargs: dict) -> list[tuple[Any, tuple[
             return []
         bad = jnp.any(jnp.asarray(divisor) == 0).astype(jnp.int64)
         return [(jnp.stack([bad, jnp.zeros((), jnp.int64)]), (_ZERO_DIVISION, 0, 0))]
+    if op == _MASKED_SCATTER:
+        x, mask, source = args
+        shape = jnp.broadcast_shapes(jnp.shape(x), jnp.shape(mask))
+        ones = jnp.sum(jnp.broadcast_to(mask, shape).astype(jnp.int64))
+        bad = (ones > source.size).astype(jnp.int64)
+        return [(jnp.stack([bad, jnp.zeros((), jnp.int64)]), (_SOURCE_TOO_SMALL, 0, 0))]
     return _index_checks(op, args)
 
 

@@ -57,6 +57,8 @@ def _gather(ctx, x, dim, index, *, sparse_grad=False):
         return jnp.zeros(ctx.shape, ctx.dtype)
     x, index = _at_least_1d(x, index)
     dim = _dim(dim, x.ndim)
+    if x.shape[dim] == 0:  # every index is out of range: the bounds check raises eager's error
+        return jnp.zeros(ctx.shape, ctx.dtype)
     out = x[_coordinates(index, dim)]
     return jnp.reshape(out, ctx.shape)
 
