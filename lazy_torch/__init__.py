@@ -18,6 +18,7 @@ from lazy_torch import (  # noqa: F401
     attention,
     data_dependent,
     debug,
+    device_module,
     fused,
     meta_kernels,
     metrics,
@@ -31,6 +32,7 @@ from lazy_torch.tensor import LazyTensor
 
 declare_foreach_support()
 fused.declare_fused_support()
+device_module.register()
 
 
 def device(index: int = 0) -> torch.device:

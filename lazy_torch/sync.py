@@ -67,6 +67,11 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
             by_device.setdefault(s.device, []).append(s)
         else:
             computed = True
+    if cause != "mark_step":  # mark_step has advanced the RNG states, which are pending now
+        for device, group in by_device.items():
+            state = _rng.settle(device)
+            if state is not None:
+                group.append(state)
     graphs = {
         device: cut_graph([s.node for s in group], salt=("device", device))
         for device, group in by_device.items()

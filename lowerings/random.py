@@ -1,4 +1,12 @@
-"""Lowerings: random ops, drawing from ``ctx.rng_key`` (derived from the device RNG state)."""
+"""Lowerings: random ops, drawing from ``ctx.rng_key`` (derived from the device RNG state).
+
+The device RNG state is a byte vector (uint8): the raw data of a PRNG key, then a uint32 counter.
+Bytes let it travel as a plain byte tensor (``torch.lazy.get_rng_state()``, as CUDA's state is).
+The ``index``-th random op drawn from a state uses key ``fold_in(key, counter + index)``. Skipping
+``n`` draws adds ``n`` to the counter and keeps the key, so a state taken in the middle of a step
+and restored later draws what the step itself drew there (checkpoint's recomputation); a barrier
+re-keys (``lazy.rng_advance``), so the counter only counts the draws since the last one.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +14,45 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from lowerings.dtypes import cast
 from lowerings.registry import lowering
 
 
+def _pack(key_data, counter):
+    words = jnp.concatenate([jnp.reshape(key_data, (-1,)).astype(jnp.uint32), counter[None]])
+    return jnp.reshape(lax.bitcast_convert_type(words, jnp.uint8), (-1,))
+
+
+def _unpack(state):
+    words = lax.bitcast_convert_type(jnp.reshape(state, (-1, 4)), jnp.uint32)
+    return jax.random.wrap_key_data(words[:-1]), words[-1]
+
+
+def initial_state(seed: int) -> np.ndarray:
+    """The RNG state after seeding with ``seed`` (any int; taken modulo 2**64), as host bytes."""
+    seed %= 1 << 64
+    key = jax.random.key(seed - (1 << 64) if seed >= 1 << 63 else seed)
+    return np.asarray(_pack(jax.random.key_data(key), jnp.zeros((), jnp.uint32)))
+
+
+def rng_key(state, index: int):
+    """The PRNG key of the ``index``-th random op drawn from ``state``."""
+    key, counter = _unpack(state)
+    return jax.random.fold_in(key, counter + jnp.uint32(index))
+
+
+@lowering("lazy.rng_skip")
+def _rng_skip(ctx, state, draws):
+    key, counter = _unpack(state)
+    return _pack(jax.random.key_data(key), counter + jnp.uint32(draws))
+
+
 @lowering("lazy.rng_advance")
 def _rng_advance(ctx, state, draws):
-    key = jax.random.fold_in(jax.random.wrap_key_data(state), draws)
-    return jax.random.key_data(key)
+    return _pack(jax.random.key_data(rng_key(state, draws)), jnp.zeros((), jnp.uint32))
 
 
 def _float_dtype(dtype):

@@ -5,24 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, fill
 from lowerings import LOWERINGS, LoweringContext
 from lowerings.bounds import CHECKED, runtime_checks
+from lowerings.random import initial_state, rng_key
 from lowerings.registry import category
 
 # Keyword arguments a front end adds to a node's template for the runtime, not for the lowering.
 _PRECISION = "_precision"
 _RNG = "_rng"
 _RNG_INDEX = "_rng_index"
-
-
-def rng_key(state: Any, index: int) -> Any:
-    """The PRNG key of the ``index``-th random op drawn from RNG ``state`` (raw key data)."""
-    return jax.random.fold_in(jax.random.wrap_key_data(state), index)
 
 
 def has_lowering(op: str) -> bool:
@@ -37,8 +32,8 @@ def op_category(op: str) -> str | None:
 
 
 def rng_state(seed: int) -> np.ndarray:
-    """Raw PRNG key data for ``seed`` (a host array): the device RNG state after a manual seed."""
-    return np.asarray(jax.random.key_data(jax.random.key(seed)))
+    """The device RNG state after a manual seed of ``seed``: host bytes (lowerings/random.py)."""
+    return initial_state(seed)
 
 
 def _apply(

@@ -232,3 +232,45 @@ def test_randperm_draws_fresh_permutations_on_the_device():
     assert torch.randperm(5, device="lazy", dtype=torch.float32).dtype == torch.float32
     assert lazy_torch.metrics.counters()["compiles"] <= 3
     assert not _fallbacks()
+
+
+def test_torch_manual_seed_seeds_the_lazy_device():
+    # As it seeds CUDA: the same draws as lazy_torch.manual_seed, reproducibly.
+    lazy_torch.manual_seed(5)
+    expected = [torch.randn(4, device="lazy").cpu(), torch.rand(3, device="lazy").cpu()]
+    for seed_with in (torch.manual_seed, torch.random.manual_seed):
+        torch.rand(2, device="lazy").cpu()  # the stream moved on
+        seed_with(5)
+        got = [torch.randn(4, device="lazy").cpu(), torch.rand(3, device="lazy").cpu()]
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    torch.manual_seed(6)
+    assert not torch.equal(torch.randn(4, device="lazy").cpu(), expected[0])
+    torch.seed()  # a non-deterministic seed, for lazy devices too
+    assert lazy_torch.device_module.initial_seed() == torch.initial_seed()
+    torch.manual_seed(0)
+
+
+def test_observation_loops_of_random_draws_replay_one_graph():
+    # Each .cpu() moves the RNG state past its draws and makes it device data, so the next draw
+    # starts from data again: the same graph every iteration, fresh values.
+    def loop(n):
+        return [torch.randn(2, device="lazy").cpu() for _ in range(n)]
+
+    lazy_torch.manual_seed(3)
+    lazy_torch.metrics.reset()
+    first = loop(8)
+    counters = lazy_torch.metrics.counters()
+    assert counters["compiles"] <= 2 and counters.get("cache_hits", 0) >= 6, counters
+    assert all(not torch.equal(a, b) for a, b in itertools.combinations(first, 2))
+    lazy_torch.manual_seed(3)
+    assert all(torch.equal(a, b) for a, b in zip(loop(8), first))
+    # The values do not depend on where the step was observed: drawn without syncs, the same.
+    lazy_torch.manual_seed(3)
+    unobserved = [torch.randn(2, device="lazy") for _ in range(8)]
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(unobserved, first))
+    # Steps that observe their draws replay the same graphs too.
+    lazy_torch.metrics.reset()
+    for _ in range(4):
+        loop(2)
+        lazy_torch.mark_step()
+    assert lazy_torch.metrics.counters().get("compiles", 0) == 0, lazy_torch.metrics.counters()
