@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lazy_torch.dispatch import bound_arguments, check_like_eager, special
-from lazy_torch.tensor import to_cpu
+from lazy_torch.tensor import LazyTensor, to_cpu
 
 aten = torch.ops.aten
 
@@ -204,6 +204,63 @@ def _ctc_loss_backward(func, args, kwargs):
     grad, log_probs, targets, input_lengths, target_lengths, *rest = args
     lengths = _lengths(input_lengths), _lengths(target_lengths)
     return aten._ctc_loss_backward.default(grad, log_probs, targets, *lengths, *rest, **kwargs)
+
+
+def _ctc_loss_tensor_lengths(
+    log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1, zero_infinity=False
+):
+    """``F.ctc_loss`` with lengths given as tensors (on the CPU, as is usual): eager reads them as
+    numbers. (PyTorch's composite for tensor subclasses divides the loss by ``target_lengths``
+    where they lie, which mixes devices.)"""
+    for name, lengths in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
+        if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+            raise RuntimeError(f"{name} must be integral")
+    lengths = _lengths(input_lengths), _lengths(target_lengths)
+    return aten.ctc_loss.IntList(log_probs, targets, *lengths, blank, reduction, zero_infinity)
+
+
+# At AutogradLazy, where the composite would run; inference mode skips the autograd keys and
+# hands the composite to the Python key, so it is a special handler as well.
+special(aten.ctc_loss.Tensor)(lambda func, args, kwargs: _ctc_loss_tensor_lengths(*args, **kwargs))
+_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 (a kernel for an existing aten op)
+_lib.impl("ctc_loss.Tensor", _ctc_loss_tensor_lengths, "AutogradLazy")
+
+
+# ----------------------------------------------------------------------------------------------
+# Packed sequences: eager takes the lengths on the CPU and returns the batch sizes there.
+
+
+def _scalar_type(dtype: torch.dtype) -> str:
+    """PyTorch's C++ name of ``dtype`` (Long, Float, ...), as its messages spell it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+@special(aten._pack_padded_sequence.default)
+def _pack_padded_sequence(func, args, kwargs):
+    input, lengths, batch_first = bound_arguments(func, args, kwargs).values()
+    if isinstance(lengths, LazyTensor):
+        raise RuntimeError(  # noqa: TRY004 (eager's error)
+            "'lengths' argument should be a 1D CPU int64 tensor, but got "
+            f"{lengths.dim()}D {lengths.device} {_scalar_type(lengths.dtype)} tensor"
+        )
+    # Eager's kernel checks the lengths and counts the batch sizes; it only needs the padded
+    # dims (and whether the input is empty), so it runs on a stand-in of those.
+    shape = tuple(input.shape[:2])
+    if input.dim() > 2:
+        shape += (1 if input.numel() else 0,)
+    standin = torch.zeros((), dtype=input.dtype).expand(shape)
+    with torch._C._DisableTorchDispatch():
+        batch_sizes = func(standin, lengths, batch_first)[1]
+    steps = input.transpose(0, 1) if batch_first else input
+    pieces, start, sizes = [], 0, batch_sizes.tolist()
+    while start < len(sizes):
+        end = start
+        while end < len(sizes) and sizes[end] == sizes[start]:
+            end += 1  # consecutive steps of one batch size are one slice
+        piece = steps[start:end, : sizes[start]]
+        pieces.append(piece.reshape(-1, *steps.shape[2:]))
+        start = end
+    return torch.cat(pieces), batch_sizes
 
 
 # ----------------------------------------------------------------------------------------------
