@@ -173,7 +173,8 @@ def _std_mean(ctx, x, dim=None, *, correction=None, keepdim=False):
 def _logsumexp(ctx, x, dim, keepdim=False):
     x = cast(x, ctx.dtype).astype(_acc(ctx.dtype))
     axes = _axes(x, dim)
-    shift = jnp.max(x, axis=axes, keepdims=True)
+    # -inf as the identity keeps an empty reduction defined: log(0) = -inf, as in PyTorch.
+    shift = jnp.max(x, axis=axes, keepdims=True, initial=-jnp.inf)
     # An infinite maximum would turn x - shift into NaN; PyTorch shifts by 0 then.
     shift = jnp.where(jnp.isinf(shift), 0, shift)
     out = jnp.log(jnp.sum(jnp.exp(x - shift), axis=axes, keepdims=True)) + shift

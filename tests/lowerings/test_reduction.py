@@ -214,6 +214,8 @@ def test_logsumexp():
     check_lowering(aten.logsumexp.default, rows, [1])
     check_lowering(aten.logsumexp.default, make((3, 4), torch.int64), [1])
     check_lowering(aten.logsumexp.default, make(()), [0])
+    check_lowering(aten.logsumexp.default, make((0, 3)), [0])  # empty: -inf, as eager
+    check_lowering(aten.logsumexp.default, make((2, 0)), [1], True)
     check_lowering(aten.logsumexp.default, x.bfloat16(), [1], **BF16_TOL)
 
 
