@@ -34,11 +34,14 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 def _signature(v: Any) -> Any:
+    kind = type(v)
+    if kind is LazyTensor:
+        return v._meta
     if isinstance(v, torch.Tensor):
         return (tuple(v.shape), v.dtype)
-    if isinstance(v, (list, tuple)):
-        return (type(v), tuple(_signature(x) for x in v))
-    return (type(v), v)  # the type too: True, 1 and 1.0 are different arguments
+    if kind is list or kind is tuple:
+        return (kind, tuple([_signature(x) for x in v]))
+    return (kind, v)  # the type too: True, 1 and 1.0 are different arguments
 
 
 def _standin(v: Any, fill: int) -> Any:
@@ -129,7 +132,9 @@ def _integer_indices(self: LazyTensor, indices: list) -> list:
     return [_on_device(i, device) for i in _mask_to_indices(indices)]
 
 
-@special(aten.index.Tensor)
+# In C once a signature is known, as the rest of the family below: masks and CPU index tensors
+# never reach the shape memo, so C hands them here.
+@special(aten.index.Tensor, native=(NATIVE_RECORD,))
 def _index(func, args, kwargs):
     self, indices = args
     if type(self) is not LazyTensor:
