@@ -141,11 +141,48 @@ def runtime_checks(op: str, args: tuple, kwargs: dict) -> list[tuple[Any, tuple[
     return _index_checks(op, args)
 
 
-def _index_checks(op: str, args: tuple) -> list[tuple[Any, tuple[Bound, int, int]]]:
+# index_select's CPU kernel checks a 2+-d self through another routine along dim 1 or when self is
+# empty (embedding is an index_select along dim 0).
+_DATA = Bound(
+    2, 1, False, RuntimeError, "INDICES element is out of DATA bounds, id={index} axis_dim={size}"
+)
+_VISITING = frozenset(
+    ("aten.index_copy.default", "aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor")
+)
+
+
+def _eager_bound(op: str, args: tuple) -> Bound | None:
+    """The entry eager's CPU kernel checks these arguments by (torch 2.13), or None where it
+    checks none: its kernels check an index as they visit what it addresses, so an index into an
+    empty result, or one beside an empty dimension, is never looked at."""
     bound = BOUNDS[op]
     shape = args[0].shape
     if bound.above_1d is not None and len(shape) > 1:
         bound = bound.above_1d
+    if op in ("aten.index_select.default", "aten.embedding.default") and len(shape) > 1:
+        dim = args[1] % len(shape) if op == "aten.index_select.default" else 0
+        if dim == 1 or 0 in shape:
+            return dataclasses.replace(_DATA, index=bound.index, dim=bound.dim)
+    elif op == "aten.index_add.default" and len(shape) > 1 and 0 in shape:
+        return None
+    elif op in _VISITING:
+        dim = args[1] % max(len(shape), 1)
+        if any(n == 0 for d, n in enumerate(shape) if d != dim):
+            return None
+    elif bound.dim == _EACH:
+        indices = args[bound.index]
+        rest = [n for d, n in enumerate(shape) if d >= len(indices) or indices[d] is None]
+        indexed = jnp.broadcast_shapes(*(jnp.shape(i) for i in indices if i is not None))
+        if 0 in rest or 0 in indexed:  # the indexing result is empty
+            return None
+    return bound
+
+
+def _index_checks(op: str, args: tuple) -> list[tuple[Any, tuple[Bound, int, int]]]:
+    bound = _eager_bound(op, args)
+    if bound is None:
+        return []
+    shape = args[0].shape
     if bound.dim == _EACH:
         checks = []
         reported = 0  # eager numbers the dims that carry an index tensor, skipping full slices

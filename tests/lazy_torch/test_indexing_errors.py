@@ -236,6 +236,52 @@ def test_eager_is_replayed_once_per_signature():
     assert len(calls) <= 1
 
 
+def _empty(*shape):
+    return lambda m: torch.zeros(*shape, device=m.device)
+
+
+# Errors that name an index value, or eager's kernels skipping indices they never visit (an empty
+# result, an empty dim beside the indexed one): the runtime checks decide, at the read.
+BY_VALUE = {
+    "index_select_dim1": lambda m, v: m.x(3, 4, 2).index_select(1, m.i([v])),
+    "index_select_dim1_negative": lambda m, v: m.x(3, 4).index_select(1, m.i([-v])),
+    "index_select_empty_self": lambda m, v: _empty(3, 0)(m).index_select(0, m.i([v])),
+    "embedding_empty_rows": lambda m, v: torch.nn.functional.embedding(m.i([v]), _empty(3, 0)(m)),
+    "index_add_empty_self": lambda m, v: _empty(0, 3)(m).index_add(0, m.i([v]), m.x(1, 3)),
+    "index_add_beside_empty": lambda m, v: _empty(3, 0)(m).index_add(0, m.i([v]), m.x(1, 0)),
+    "index_add_1d_empty": lambda m, v: _empty(0)(m).index_add(0, m.i([v]), m.x(1)),
+    "index_copy_beside_empty": lambda m, v: _empty(3, 0)(m).index_copy(0, m.i([v]), m.x(1, 0)),
+    "index_copy_empty_dim": lambda m, v: _empty(3, 0)(m).index_copy(1, m.i([v]), m.x(3, 1)),
+    "index_fill_beside_empty": lambda m, v: _empty(3, 0)(m).index_fill(0, m.i([v]), 1.0),
+    "index_beside_empty": lambda m, v: _empty(3, 0)(m)[m.i([v])],
+    "index_put_beside_empty": lambda m, v: _empty(3, 0)(m).index_put((m.i([v]),), m.x(1, 0)),
+    "index_put_acc_beside_empty": lambda m, v: _empty(3, 0)(m).index_put(
+        (m.i([v]),), m.x(1, 0), accumulate=True
+    ),
+    "gather_empty_dim": lambda m, v: _empty(3, 0)(m).gather(1, m.i([[v]])),
+    "scatter_empty_dim": lambda m, v: _empty(3, 0)(m).scatter(1, m.i([[v]]), 1.0),
+    "index_reduce_beside_empty": lambda m, v: _empty(3, 0)(m).index_reduce(
+        0, m.i([v]), m.x(1, 0), "amax"
+    ),
+}
+
+
+@pytest.mark.parametrize("value", [0, 5])
+@pytest.mark.parametrize("name", sorted(BY_VALUE))
+def test_errors_that_depend_on_index_values_match_eager(name, value):
+    def run(m):
+        return BY_VALUE[name](m, value).cpu()
+
+    expected = _outcome(run, Make("cpu", "cpu"))
+    got = _outcome(run, Make("lazy", "lazy"))  # a value's error is raised where it is read
+    if expected[0] == "error":
+        assert got == expected
+    else:
+        assert got[0] == "ok", got
+        torch.testing.assert_close(got[1], expected[1])
+    lazy_torch.mark_step(wait=True)
+
+
 @pytest.mark.parametrize(
     "name,fn,error",
     [
