@@ -58,10 +58,15 @@ def _standin(v: Any, fill: int) -> Any:
 
 
 def _replay(func: Any, args: tuple, kwargs: dict, fill: int) -> Exception | None:
+    standins = _standin(args, fill)
+    if func._schema.arguments[0].is_write:
+        # Written in place: a tensor of its own (uninitialized; only what is written is touched).
+        self = args[0]
+        standins = (torch.empty(self.shape, dtype=self.dtype), *standins[1:])
     try:
         with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # uint8 masks, writes into expanded tensors
-            func(*_standin(args, fill), **{k: _standin(v, fill) for k, v in kwargs.items()})
+            warnings.simplefilter("ignore")
+            func(*standins, **{k: _standin(v, fill) for k, v in kwargs.items()})
     except Exception as e:  # noqa: BLE001 (whatever eager raises is the answer)
         return e
     return None
@@ -178,7 +183,8 @@ def _index_put(func, args, kwargs):
             return dispatch(aten.where.self, (mask, value, self), {})
     indices = _integer_indices(self, indices)
     args = (self, indices, values, accumulate)
-    check(func, args, {})
+    # The in-place op checks as the functional one (a clone, then it) without a copy of self.
+    check(aten.index_put_.default, args, {})
     return recorded(func, args, {})
 
 
