@@ -7,7 +7,8 @@ transpose back, ...). Multi-output views (``split``, ``unbind``) become one slic
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -96,6 +97,14 @@ def _permute(args, kwargs, out, parent):
     dims = tuple(d % max(len(parent[0]), 1) for d in _plain(args[1]))
     inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
     return [_step("aten.permute.default", (dims,), out, "aten.permute.default", (inverse,))]
+
+
+def _complex_view(name: str, inverse: str) -> Builder:
+    # view_as_real / view_as_complex: each writes back through the other.
+    def build(args, kwargs, out, parent):
+        return [_step(name, (), out, inverse)]
+
+    return build
 
 
 def _expand(args, kwargs, out, parent):
@@ -187,11 +196,20 @@ def _unbind(args, kwargs, outs, parent):
 VIEWS: dict[Any, Builder] = {
     aten.view.default: _reshaping("aten.view.default"),
     aten._reshape_alias.default: _reshaping("aten._reshape_alias.default"),
+    # Shares its input's storage as ``view`` does (composite out= kernels such as ``kron_out``
+    # write their result through it); only autograd treats it as a new tensor.
+    aten._unsafe_view.default: _reshaping("aten._unsafe_view.default"),
     aten.squeeze.default: _reshaping("aten.squeeze.default"),
     aten.squeeze.dim: _reshaping("aten.squeeze.dim"),
     aten.squeeze.dims: _reshaping("aten.squeeze.dims"),
     aten.unsqueeze.default: _reshaping("aten.unsqueeze.default"),
     aten.view.dtype: _view_dtype,
+    aten.view_as_real.default: _complex_view(
+        "aten.view_as_real.default", "aten.view_as_complex.default"
+    ),
+    aten.view_as_complex.default: _complex_view(
+        "aten.view_as_complex.default", "aten.view_as_real.default"
+    ),
     aten.transpose.int: _transpose,
     aten.t.default: _t,
     aten.permute.default: _permute,

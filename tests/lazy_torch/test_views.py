@@ -277,3 +277,54 @@ def test_unfold_of_a_zero_dim_tensor():
 
     _check(windows)
     _check(write)
+
+
+def test_real_and_imag_assignment_reach_the_complex_tensor():
+    def program(dev):
+        c = dev(torch.zeros(3, dtype=torch.complex64))
+        c.real = dev(torch.tensor([1.0, 2.0, 3.0]))
+        c.imag = dev(torch.tensor([-1.0, 0.5, 4.0]))
+        r = dev(torch.ones(2))
+        r.real = dev(torch.tensor([5.0, 6.0]))  # a real tensor's .real is the tensor itself
+        return c, r
+
+    _check(program)
+
+
+def test_writes_through_real_and_imag_views():
+    def program(dev):
+        big = dev(torch.zeros(4, dtype=torch.complex64))
+        c = big[1:3]
+        real, imag = c.real, c.imag
+        c.real.add_(1)
+        c.imag[1] = 5
+        big.mul_(2)  # the views see writes to their base
+        return big, c, real, imag
+
+    _check(program)
+
+
+def test_view_as_real_and_view_as_complex_share_storage():
+    def program(dev):
+        base = dev(torch.arange(8.0).reshape(4, 2))
+        c = torch.view_as_complex(base)
+        c.imag.mul_(10)
+        z = dev(torch.zeros(3, dtype=torch.complex128))
+        pairs = torch.view_as_real(z)
+        pairs[:, 1].fill_(-1)
+        pairs[0, 0] = 7
+        return base, c, z, pairs
+
+    _check(program)
+
+
+def test_unsafe_view_shares_its_input_storage():
+    # Composite kernels write through it (kron's out= kernel multiplies into one of its out).
+    def program(dev):
+        x = dev(torch.arange(6.0))
+        y = torch.ops.aten._unsafe_view(x, (2, 3))
+        y[1].add_(10)
+        x[0] = -1
+        return x, y
+
+    _check(program)
