@@ -30,6 +30,7 @@ from lazy_torch import sites as _sites
 from lazy_torch import tensor as _tensor
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
 from lazy_torch.foreach import foreach_handler
+from lazy_torch.resize import become, fallback_out_variant, out_variant
 from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, meta_of, wrap
 from lazy_torch.views import STORAGE_RELATIVE, VIEWS
 
@@ -605,7 +606,7 @@ def assign_node(target: LazyTensor, node: Node) -> None:
         raise RuntimeError(str(e)) from None
 
 
-_TENSOR_OPTIONS = ("dtype", "layout", "device", "pin_memory")
+_OPTIONS = ("dtype", "layout", "device", "pin_memory")
 
 
 def _functional_of(func: Any) -> Any:
@@ -626,12 +627,14 @@ def _functional_of(func: Any) -> Any:
     base = getattr(torch.ops.aten, packet, None)
     if base is None:
         return None
+    names = {name for name, _ in wanted}  # ``sum.IntList_out`` has a dtype of its own
     for name in base.overloads():
         cand = getattr(base, name)
         args = cand._schema.arguments
         if any(a.is_out or (a.alias_info and a.alias_info.is_write) for a in args):
             continue
-        if [(a.name, str(a.type)) for a in args if a.name not in _TENSOR_OPTIONS] == wanted:
+        kept = [(a.name, str(a.type)) for a in args if a.name in names or a.name not in _OPTIONS]
+        if kept == wanted:
             return cand
     return None
 
@@ -661,48 +664,11 @@ def _inplace(functional: Any) -> Handler:
     return handle
 
 
-def become(self: LazyTensor, other: LazyTensor) -> LazyTensor:
-    """Give ``self`` the sizes, strides and value of ``other`` (in-place metadata ops)."""
-    torch.Tensor.data.__set__(self, other)  # swaps the C++ sizes and strides
-    self._lazy, self._meta = other._lazy, other._meta
-    return self
-
-
 def _inplace_view(functional: Any) -> Handler:
     """``squeeze_``, ``transpose_``, ``as_strided_``, ...: self becomes the view."""
 
     def handle(func: Any, args: tuple, kwargs: dict) -> Any:
         return become(args[0], dispatch(functional, args, kwargs))
-
-    return handle
-
-
-def _out(functional: Any) -> Handler:
-    out_names = None
-    takes_options = any(a.name == "dtype" for a in functional._schema.arguments)
-
-    def handle(func: Any, args: tuple, kwargs: dict) -> Any:
-        nonlocal out_names
-        if out_names is None:
-            out_names = [a.name for a in func._schema.arguments if a.is_out]
-        kwargs = dict(kwargs)
-        outs = [kwargs.pop(n) for n in out_names]
-        if takes_options:
-            kwargs.update(dtype=outs[0].dtype, device=outs[0].device)
-        result = dispatch(functional, args, kwargs)
-        results = result if isinstance(result, (tuple, list)) else (result,)
-        if len(outs) == 1 and outs[0].numel() == 0 and tuple(outs[0].shape) != tuple(result.shape):
-            # The factory idiom ``arange_out(empty(0), ...)``: eager resizes the fresh out tensor.
-            # A wrapper's sizes are fixed, so the result itself is returned in its place.
-            return result
-        for o, r in zip(outs, results):
-            if tuple(o.shape) != tuple(r.shape):
-                raise RuntimeError(
-                    f"lazy: out= tensor of shape {tuple(o.shape)} cannot hold a result of shape "
-                    f"{tuple(r.shape)} (resizing out= tensors is not supported)"
-                )
-            assign(o, r)
-        return outs[0] if len(outs) == 1 else tuple(outs)
 
     return handle
 
@@ -773,11 +739,12 @@ def _resolve(func: Any) -> Handler:
     if runtime.has_lowering(name):
         return recorded
     functional = _functional_of(func)
+    if functional is not None and not func._schema.name.endswith("_"):
+        # An out= op is its functional op, then eager's rules for filling out tensors.
+        return out_variant(functional, dispatch)
     if functional is not None and (
         runtime.has_lowering(str(functional)) or functional in decomposition_table
     ):
-        if not func._schema.name.endswith("_"):
-            return _out(functional)
         return _inplace_view(functional) if functional in VIEWS else _inplace(functional)
     decomp = decomposition_table.get(func)
     if decomp is not None:
@@ -785,6 +752,8 @@ def _resolve(func: Any) -> Handler:
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
         # Composite ops called from inside a handler or decomposition arrive undecomposed.
         return _decomposed(func.decompose)
+    if any(a.is_out for a in func._schema.arguments):
+        return fallback_out_variant(_fallback.run)
     return _fallback.run
 
 

@@ -12,11 +12,11 @@ from lazy_torch.dispatch import (
     NATIVE_SHARE,
     assign,
     assign_node,
-    become,
     dispatch,
     record,
     special,
 )
+from lazy_torch.resize import resize, resized_as_meta, resized_meta, window
 from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, upload, wrap
 
 aten = torch.ops.aten
@@ -264,23 +264,21 @@ def _native_batch_norm(func, args, kwargs):
 
 @special(aten.resize_.default, aten.resize.default)
 def _resize(func, args, kwargs):
-    # ``resize`` is the functional form PyTorch's decompositions (resize_as_) call.
-    self, size = args[0], tuple(args[1])
-    numel = 1
-    for n in size:
-        numel *= n
-    if tuple(self.shape) == size:
-        return self if func is aten.resize_.default else dispatch(aten.clone.default, (self,), {})
-    flat = dispatch(aten.reshape.default, (self, (-1,)), {}) if self.numel() else None
-    if flat is None or numel > flat.numel():
-        # New elements are uninitialized in eager; here they are zeros.
-        grow = dispatch(
-            aten.zeros.default,
-            ((numel - (flat.numel() if flat is not None else 0),),),
-            {"dtype": self.dtype, "device": self.device},
-        )
-        flat = grow if flat is None else dispatch(aten.cat.default, ([flat, grow],), {})
-    else:
-        flat = dispatch(aten.slice.Tensor, (flat, 0, 0, numel), {})
-    value = dispatch(aten.clone.default, (dispatch(aten.view.default, (flat, size), {}),), {})
-    return become(self, value) if func is aten.resize_.default else value
+    # ``resize`` is the functional form PyTorch's decompositions call.
+    self = args[0]
+    meta = resized_meta(self, args[1], kwargs.get("memory_format"))
+    return _resized(self, meta, in_place=func is aten.resize_.default)
+
+
+@special(aten.resize_as_.default, aten.resize_as.default)
+def _resize_as(func, args, kwargs):
+    # Only the template's sizes and strides count: eager takes a template on any device.
+    self, template = args[0], args[1]
+    meta = resized_as_meta(self, template, kwargs.get("memory_format"))
+    return _resized(self, meta, in_place=func is aten.resize_as_.default)
+
+
+def _resized(self: LazyTensor, meta: tuple, in_place: bool) -> LazyTensor:
+    if in_place:
+        return resize(self, meta)
+    return dispatch(aten.clone.default, (window(self, meta) if meta != self._meta else self,), {})
