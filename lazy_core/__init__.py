@@ -1,6 +1,6 @@
 """Framework-neutral lazy IR: nodes, hashing, live values, the graph cut, text and dot dumps."""
 
-from lazy_core.digest import digest, register_atoms
+from lazy_core.digest import digest, digest_with, register_atoms
 from lazy_core.dump import ir_dot, ir_text
 from lazy_core.graph import Graph, cut_graph
 from lazy_core.ir import Node, Operand, constant, data_leaf, getitem, scalar_leaf
@@ -19,6 +19,7 @@ __all__ = [
     "cut_graph",
     "data_leaf",
     "digest",
+    "digest_with",
     "getitem",
     "ir_dot",
     "ir_text",

@@ -10,7 +10,10 @@ Equal digests mean equal values with overwhelming probability; no two values tha
 but differ in type or sign ever get the same stream.
 
 Objects that live for the whole process and have no value to serialize (a framework's dtype
-objects, Python's number types) enter as atoms: ``register_atoms`` names them.
+objects, Python's number types) enter as atoms: ``register_atoms`` names them, and an atom
+enters as the digest of its name. A node enters its parent's key as its digest, and so does a
+node's ``arg`` in the node's own digest, so a template digested once (for the shape memo) need
+not be walked again for its node.
 
 The C extension (lazy_core/csrc/digest.cpp) computes the same digests; this is its twin.
 """
@@ -24,7 +27,7 @@ _M = (1 << 64) - 1
 P1, P2, P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
 P4, P5 = 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5
 (T_NONE, T_BOOL, T_INT, T_BIGINT, T_FLOAT, T_COMPLEX, T_STR, T_BYTES, T_TUPLE, T_SUBTUPLE,
- T_ATOM, T_NODE, T_GRAPH) = range(1, 14)  # fmt: skip
+ T_ATOM, T_NODE, T_GRAPH, T_DIGEST) = range(1, 15)  # fmt: skip
 
 # Process-lifetime object -> its canonical name (the C extension reads this same dict).
 atoms: dict[Any, str] = {}
@@ -117,7 +120,12 @@ class Hasher:
                     "part of an IR key (numbers, strings, bytes, None, tuples and registered "
                     "atoms can)"
                 )
-            self.add_bytes(T_ATOM, name.encode())
+            self.add(T_ATOM)
+            self.add_digest(py_digest(name))
+
+    def add_digest(self, d: int) -> None:
+        self.add(d & _M)
+        self.add(d >> 64)
 
 
 def _bits(d: float) -> int:
@@ -131,9 +139,24 @@ def py_digest(v: Any) -> int:
     return h.done()
 
 
+def py_digest_with(d: int, v: Any) -> int:
+    """Digest ``d`` extended by ``v`` (a key made of a digest already known and more values);
+    ``digest_with`` is the C one when built."""
+    h = Hasher()
+    h.add(T_DIGEST)
+    h.add_digest(d)
+    h.absorb(v)
+    return h.done()
+
+
 def register_atoms(names: dict[Any, str]) -> None:
-    """Let these process-lifetime objects be part of keys, each digested as its name."""
-    atoms.update(names)
+    """Let these process-lifetime objects be part of keys, each digested as its name. A name
+    never changes once registered (the C extension remembers atoms' digests by identity)."""
+    for atom, name in names.items():
+        if type(name) is not str:
+            raise TypeError(f"an atom's name must be a str, not {type(name).__name__}")
+        if atoms.setdefault(atom, name) != name:
+            raise ValueError(f"{atom!r} is registered as {atoms[atom]!r} already, not {name!r}")
 
 
 try:
@@ -142,6 +165,6 @@ except ImportError:
     _native = None
 if _native is not None:
     _native.use_atoms(atoms)
-    digest = _native.digest
+    digest, digest_with = _native.digest, _native.digest_with
 else:
-    digest = py_digest
+    digest, digest_with = py_digest, py_digest_with

@@ -116,10 +116,10 @@ def _walk(roots: tuple[Node, ...], data: str, scalar: str) -> tuple[tuple, tuple
                     params.append(node)
                 wiring.append(param_pos[ident])
     h = Hasher()
-    for w in (T_GRAPH, len(roots), *_halves(roots), len(wiring), *wiring, len(order)):
+    h.add(T_GRAPH)
+    h.add(len(roots))
+    for root in roots:
+        h.add_digest(root.digest)
+    for w in (len(wiring), *wiring, len(order)):
         h.add(w)
     return tuple(order), tuple(params), h.done()
-
-
-def _halves(nodes: tuple[Node, ...]) -> list[int]:
-    return [half for n in nodes for half in (n.digest & 0xFFFFFFFFFFFFFFFF, n.digest >> 64)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lazy_core.digest import T_NODE, Hasher
+from lazy_core.digest import T_NODE, Hasher, py_digest
 
 # Leaf ops. Everything else names an operation of the lowering table (e.g. "aten.add.Tensor").
 DATA = "data"  # a device buffer; digested by shape and dtype only, never by content or identity
@@ -63,12 +63,13 @@ class PyNode:
         self.site = _site
         h = Hasher()
         h.add(T_NODE)
-        for part in (op, arg, dtype, shape):
-            h.absorb(part)
+        h.absorb(op)
+        h.add_digest(py_digest(arg))
+        h.absorb(dtype)
+        h.absorb(shape)
         h.add(len(src))
         for s in src:
-            h.add(s.digest & 0xFFFFFFFFFFFFFFFF)
-            h.add(s.digest >> 64)
+            h.add_digest(s.digest)
         self.digest = h.done()
         low = self.digest & 0xFFFFFFFFFFFFFFFF
         self.hash = -2 if low == (1 << 64) - 1 else low - (1 << 64) if low >> 63 else low

@@ -21,6 +21,7 @@ from lazy_core import (
     Storage,
     constant,
     digest,
+    digest_with,
     getitem,
     scalar_leaf,
 )
@@ -310,7 +311,7 @@ _meta_cache: dict[tuple[str, int], tuple] = {}
 def memo_key(name: str, args_t: tuple, kwargs_t: tuple, keys: list) -> tuple[str, int]:
     """The shape memo's key of a call of op ``name`` with this template and operand keys (the C
     fast path makes the same: lazy_core/csrc/record.cpp)."""
-    return (name, digest((args_t, kwargs_t, tuple(keys))))
+    return (name, digest_with(digest((args_t, kwargs_t)), tuple(keys)))
 
 
 def _to_meta(v: Any) -> Any:

@@ -4,6 +4,7 @@
 #include "native.h"
 
 #include <cstring>
+#include <unordered_map>
 #include <vector>
 
 namespace lazy_native {
@@ -11,6 +12,9 @@ namespace lazy_native {
 namespace {
 
 PyObject* atoms = nullptr;  // the twin's dict: process-lifetime object -> its canonical name
+// Atoms' name digests by identity: the dict holds its atoms for the whole process and a name
+// never changes once registered (digest.py), so an address stays the same atom.
+std::unordered_map<PyObject*, Digest> atom_digests;
 
 uint64_t bits_of(double d) {
     uint64_t u;
@@ -19,12 +23,18 @@ uint64_t bits_of(double d) {
 }
 
 void add_bytes(Hasher& h, uint64_t tag, const char* data, Py_ssize_t n) {
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "words are read little-endian");
     h.add(tag);
     h.add((uint64_t)n);
-    for (Py_ssize_t i = 0; i < n; i += 8) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        std::memcpy(&w, data + i, 8);
+        h.add(w);
+    }
+    if (i < n) {
         uint64_t w = 0;
-        Py_ssize_t k = n - i < 8 ? n - i : 8;
-        for (Py_ssize_t j = 0; j < k; j++) w |= (uint64_t)(unsigned char)data[i + j] << (8 * j);
+        std::memcpy(&w, data + i, (size_t)(n - i));
         h.add(w);
     }
 }
@@ -106,24 +116,52 @@ bool absorb_at(Hasher& h, PyObject* v, int depth) {
         for (Py_ssize_t i = 0; i < n; i++)
             if (!absorb_at(h, PyTuple_GET_ITEM(v, i), depth + 1)) return false;
     } else {
-        PyObject* name = atoms == nullptr ? nullptr : PyDict_GetItemWithError(atoms, v);
-        if (name == nullptr && PyErr_Occurred()) PyErr_Clear();  // unhashable: not an atom
-        if (name == nullptr || !PyUnicode_Check(name)) {
-            PyErr_Format(PyExc_TypeError,
-                         "lazy_core digest: a value of type %s cannot be part of an IR key "
-                         "(numbers, strings, bytes, None, tuples and registered atoms can)",
-                         t->tp_name);
-            return false;
+        auto known = atom_digests.find(v);
+        if (known == atom_digests.end()) {
+            PyObject* name = atoms == nullptr ? nullptr : PyDict_GetItemWithError(atoms, v);
+            if (name == nullptr && PyErr_Occurred()) PyErr_Clear();  // unhashable: not an atom
+            if (name == nullptr || !PyUnicode_CheckExact(name)) {
+                PyErr_Format(PyExc_TypeError,
+                             "lazy_core digest: a value of type %s cannot be part of an IR key "
+                             "(numbers, strings, bytes, None, tuples and registered atoms can)",
+                             t->tp_name);
+                return false;
+            }
+            Hasher named;
+            if (!add_str(named, TAG_STR, name)) return false;
+            known = atom_digests.emplace(v, named.done()).first;
         }
-        return add_str(h, TAG_ATOM, name);
+        h.add(TAG_ATOM);
+        h.add(known->second.lo);
+        h.add(known->second.hi);
     }
     return true;
 }
 
 // digest(value) -> int: the twin's digest().
 PyObject* py_digest(PyObject*, PyObject* v) {
+    Digest d;
+    return digest_of(v, d) ? digest_int(d) : nullptr;
+}
+
+// digest_with(digest, value) -> int: the twin's digest_with().
+PyObject* py_digest_with(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyLong_CheckExact(argv[0])) {
+        PyErr_SetString(PyExc_TypeError, "digest_with(digest: int, value)");
+        return nullptr;
+    }
+    unsigned char bytes[16];
+    if (_PyLong_AsByteArray((PyLongObject*)argv[0], bytes, 16, 1, 0) < 0) return nullptr;
+    Digest d;
+    for (int i = 0; i < 8; i++) {
+        d.lo |= (uint64_t)bytes[i] << (8 * i);
+        d.hi |= (uint64_t)bytes[8 + i] << (8 * i);
+    }
     Hasher h;
-    if (!absorb(h, v)) return nullptr;
+    h.add(TAG_DIGEST);
+    h.add(d.lo);
+    h.add(d.hi);
+    if (!absorb(h, argv[1])) return nullptr;
     return digest_int(h.done());
 }
 
@@ -135,12 +173,15 @@ PyObject* use_atoms(PyObject*, PyObject* d) {
     }
     Py_INCREF(d);
     Py_XSETREF(atoms, d);
+    atom_digests.clear();
     Py_RETURN_NONE;
 }
 
 PyMethodDef digest_methods[] = {
     {"digest", (PyCFunction)py_digest, METH_O,
      "digest(value) -> int: the type-exact 128-bit digest of an IR value (lazy_core/digest.py)."},
+    {"digest_with", (PyCFunction)(void (*)(void))py_digest_with, METH_FASTCALL,
+     "digest_with(digest, value) -> int: a digest extended by a value (lazy_core/digest.py)."},
     {"use_atoms", (PyCFunction)use_atoms, METH_O,
      "use_atoms(dict): the atoms' names (object -> str) digests read."},
     {nullptr, nullptr, 0, nullptr}};
@@ -148,6 +189,13 @@ PyMethodDef digest_methods[] = {
 }  // namespace
 
 bool absorb(Hasher& h, PyObject* v) { return absorb_at(h, v, 0); }
+
+bool digest_of(PyObject* v, Digest& out) {
+    Hasher h;
+    if (!absorb(h, v)) return false;
+    out = h.done();
+    return true;
+}
 
 PyObject* digest_int(const Digest& d) {
     unsigned char bytes[16];

@@ -66,12 +66,14 @@ struct Hasher {
 // Word tags of the serialization (digest.py has the same).
 enum Tag : uint64_t {
     TAG_NONE = 1, TAG_BOOL, TAG_INT, TAG_BIGINT, TAG_FLOAT, TAG_COMPLEX, TAG_STR, TAG_BYTES,
-    TAG_TUPLE, TAG_SUBTUPLE, TAG_ATOM, TAG_NODE, TAG_GRAPH
+    TAG_TUPLE, TAG_SUBTUPLE, TAG_ATOM, TAG_NODE, TAG_GRAPH, TAG_DIGEST
 };
 
 // Feed ``v``'s type-exact serialization to ``h``; false with a TypeError for a value of a type
 // the serialization does not know.
 bool absorb(Hasher& h, PyObject* v);
+// The digest of one value (false with a TypeError, as absorb).
+bool digest_of(PyObject* v, Digest& out);
 // A digest as a non-negative Python int below 2**128.
 PyObject* digest_int(const Digest& d);
 // Add digest() and register_atoms() to the module.
@@ -94,6 +96,9 @@ struct NodeObject {
 
 extern PyTypeObject NodeType;
 PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames);
+// A Node of (op, src, arg, dtype, shape) whose ``arg`` has digest ``arg_digest`` (the caller has
+// it already); nullptr with an error.
+PyObject* node_of(PyObject* const* argv, const Digest& arg_digest);
 // Ready ``type`` and add it to the module as ``name``.
 bool add_type(PyObject* module, PyTypeObject* type, const char* name);
 // Ready the Node type; add it and the node functions (attribute_to, current_site, walk).

@@ -31,33 +31,26 @@ bool untrack_acyclic(PyObject* v, int depth = 0) {
     return acyclic;
 }
 
-PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject* payload = Py_None;
-    if (kwnames != nullptr) {
-        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
-        if (nk == 1 && nargs == 5 &&
-            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "payload") == 0) {
-            payload = argv[5];
-        } else {
-            PyErr_SetString(PyExc_TypeError, "Node(op, src, arg, dtype, shape, payload=None)");
-            return nullptr;
-        }
-    } else if (nargs == 6) {
-        payload = argv[5];
-    } else if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "Node(op, src, arg, dtype, shape, payload=None)");
-        return nullptr;
-    }
+// A node of argv's (op, src, arg, dtype, shape) and ``payload``; its digest absorbs ``arg``'s
+// digest, given or computed here.
+PyObject* make_node(PyTypeObject* type, PyObject* const* argv, PyObject* payload,
+                    const Digest* arg_digest) {
     PyObject* src = argv[1];
     if (!PyTuple_Check(src)) {
         PyErr_SetString(PyExc_TypeError, "Node: src must be a tuple of Nodes");
         return nullptr;
     }
+    Digest arg_d;
+    if (arg_digest == nullptr) {
+        if (!digest_of(argv[2], arg_d)) return nullptr;
+        arg_digest = &arg_d;
+    }
     Hasher h;
     h.add(TAG_NODE);
-    for (PyObject* part : {argv[0], argv[2], argv[3], argv[4]})
-        if (!absorb(h, part)) return nullptr;
+    if (!absorb(h, argv[0])) return nullptr;
+    h.add(arg_digest->lo);
+    h.add(arg_digest->hi);
+    if (!absorb(h, argv[3]) || !absorb(h, argv[4])) return nullptr;
     h.add((uint64_t)PyTuple_GET_SIZE(src));
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(src); i++) {
         PyObject* s = PyTuple_GET_ITEM(src, i);
@@ -85,6 +78,31 @@ PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyO
     untrack_acyclic(self->src);
     untrack_acyclic(self->arg);
     return (PyObject*)self;
+}
+
+PyObject* node_of(PyObject* const* argv, const Digest& arg_digest) {
+    return make_node(&NodeType, argv, Py_None, &arg_digest);
+}
+
+PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyObject* kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject* payload = Py_None;
+    if (kwnames != nullptr) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        if (nk == 1 && nargs == 5 &&
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "payload") == 0) {
+            payload = argv[5];
+        } else {
+            PyErr_SetString(PyExc_TypeError, "Node(op, src, arg, dtype, shape, payload=None)");
+            return nullptr;
+        }
+    } else if (nargs == 6) {
+        payload = argv[5];
+    } else if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "Node(op, src, arg, dtype, shape, payload=None)");
+        return nullptr;
+    }
+    return make_node(type, argv, payload, nullptr);
 }
 
 PyObject* node_tp_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {

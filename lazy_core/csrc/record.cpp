@@ -288,15 +288,21 @@ bool template_of(PyObject* plan, PyObject* args, PyObject* kwargs, Operands& ops
     return true;
 }
 
-// The memo digest of a call with this template whose operands' keys are ops.keys from ``first``
-// on: the Python path's memo_key, digest((args_t, kwargs_t, keys)). False on an error.
+// The digest of a call's template, digest((args_t, kwargs_t)), and its memo digest with the
+// operands' keys from ops.keys[first:]: the Python path's memo_key, digest_with(template digest,
+// keys). False on an error.
 bool memo_digest(PyObject* args_t, PyObject* kwargs_t, Operands& ops, Py_ssize_t first,
-                 Digest& out) {
+                 Digest& template_digest, Digest& out) {
+    Hasher t;
+    t.add(TAG_TUPLE);
+    t.add(2);
+    if (!absorb(t, args_t) || !absorb(t, kwargs_t)) return false;
+    template_digest = t.done();
     Py_ssize_t nkeys = PyList_GET_SIZE(ops.keys.p) - first;
     Hasher h;
-    h.add(TAG_TUPLE);
-    h.add(3);
-    if (!absorb(h, args_t) || !absorb(h, kwargs_t)) return false;
+    h.add(TAG_DIGEST);
+    h.add(template_digest.lo);
+    h.add(template_digest.hi);
     h.add(TAG_TUPLE);
     h.add((uint64_t)nkeys);
     for (Py_ssize_t i = 0; i < nkeys; i++)
@@ -393,8 +399,8 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     if (!ops.srcs || !ops.keys) return nullptr;
     Ref args_t, kwargs_t;
     if (!template_of(plan, args, kwargs, ops, args_t, kwargs_t)) return nullptr;
-    Digest digest;
-    if (!memo_digest(args_t.p, kwargs_t.p, ops, 0, digest)) return nullptr;
+    Digest template_digest, digest;
+    if (!memo_digest(args_t.p, kwargs_t.p, ops, 0, template_digest, digest)) return nullptr;
     PyObject* entry = memoized(plan, digest);
     if (entry == nullptr) return nullptr;
     PyObject* meta = PyTuple_GET_ITEM(entry, 0);
@@ -421,7 +427,8 @@ PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
     if (!arg || !srcs) return nullptr;
     if (!single) return record_outputs(name, srcs.p, arg.p, meta, ops.device.p);
     PyObject* node_args[5] = {name, srcs.p, arg.p, dtype_name, PyTuple_GET_ITEM(meta, 0)};
-    Ref node(node_new(&NodeType, node_args, 5, nullptr));
+    Ref node(precision == Py_None ? node_of(node_args, template_digest)
+                                  : node_new(&NodeType, node_args, 5, nullptr));
     return node ? fresh(node.p, meta, ops.device.p) : nullptr;
 }
 
@@ -467,8 +474,8 @@ PyObject* elements(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
         ok = template_of(plan, PyTuple_GET_ITEM(call, 0), PyDict_GET_SIZE(kwargs) ? kwargs : nullptr,
                          ops, args_t, kwargs_t);
         if (!ok) break;
-        Digest digest;
-        ok = memo_digest(args_t.p, kwargs_t.p, ops, first, digest);
+        Digest template_digest, digest;
+        ok = memo_digest(args_t.p, kwargs_t.p, ops, first, template_digest, digest);
         if (!ok) break;
         PyObject *pair = nullptr, *meta = nullptr;
         for (int k = 0; k < nseen; k++) {

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lazy_core import cut_graph, data_leaf, digest
-from lazy_core.digest import py_digest, register_atoms
+from lazy_core import cut_graph, data_leaf, digest, digest_with
+from lazy_core.digest import py_digest, py_digest_with, register_atoms
 from lazy_core.ir import Node, Operand, PyNode
 
 # Values that hash() and == conflate in CPython.
@@ -64,6 +64,10 @@ def test_digests_are_equal_exactly_for_exactly_equal_values(a, b):
     assert digest(a) == py_digest(a)
     assert (digest(a) == digest(b)) == _exactly_equal(a, b)
     assert 0 <= digest(a) < 2**128
+    d = digest(b)
+    assert digest_with(d, a) == py_digest_with(d, a)
+    assert (digest_with(d, a) == digest_with(d, b)) == _exactly_equal(a, b)
+    assert digest_with(d, a) != digest((d, a))
 
 
 @pytest.mark.parametrize("a, b", CONFLATED)
@@ -104,6 +108,10 @@ def test_atoms_digest_as_their_names_and_other_objects_are_refused():
         py_digest([1])
     with pytest.raises(TypeError, match="cannot be part of an IR key"):
         digest([1])
+    register_atoms({f32: "test.f32"})  # the same name again is fine
+    with pytest.raises(ValueError, match="registered as"):
+        register_atoms({f32: "test.other"})  # a name never changes
+    assert digest((f32,)) == py_digest((f32,))
 
 
 @pytest.mark.parametrize("make", [Node, PyNode], ids=["native", "python"])
