@@ -447,6 +447,7 @@ def _topk_row(keys, k: int, sorted: bool):
 @lowering("aten.topk.default")
 def _topk(ctx, x, k, dim=-1, largest=True, sorted=True):
     ndim = jnp.ndim(x)
+    k = k if ndim else 1  # eager's topk(0) of a 0-d tensor gives its one element, as topk(1)
     rows, batch = _rows(x, dim)
     n = rows.shape[1]
     if k == 0 or rows.size == 0:

@@ -109,6 +109,7 @@ def test_topk_edge_cases():
     check_lowering(aten.topk.default, ties((3, 64)), 1)
     check_lowering(aten.topk.default, make((3, 4)), 0)
     check_lowering(aten.topk.default, make(()), 1)
+    check_lowering(aten.topk.default, make(()), 0)  # the element itself, as k = 1
     check_lowering(aten.topk.default, make((4, 6), torch.bfloat16), 2)
     check_signs(aten.topk.default, signed_zeros((2, 12)), 6, 1, False)
 
