@@ -194,18 +194,20 @@ def fill_outs(func: Any, args: tuple, kwargs: dict, out_names: list[str], result
     outs = _flat([kwargs[n] for n in out_names])
     results = _flat([result])
     if len(outs) == len(results) and all(
-        isinstance(o, LazyTensor) and o._meta[0] == r._meta[0] and o.dtype == r.dtype
+        isinstance(o, LazyTensor)
+        and o._meta[0] == r._meta[0]
+        and o.dtype == r.dtype
+        and o._lazy.device == r._lazy.device
         for o, r in zip(outs, results)
     ):
         for o, r in zip(outs, results):
             _assign(o, r)
         return
-    device = next((a.device for a in _flat([args, kwargs]) if isinstance(a, LazyTensor)), None)
-    for o in outs:
-        if not isinstance(o, LazyTensor):
-            raise RuntimeError(  # noqa: TRY004 (eager's error)
+    for o, r in zip(outs, results):
+        if not isinstance(o, LazyTensor) or o.device != r.device:
+            raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"{device} and {o.device}!"
+                f"{r.device} and {o.device}!"
             )
     metas, messages = _eager_outs(func, args, kwargs, out_names, results)
     for o, r, meta in zip(outs, results, metas):
