@@ -18,8 +18,16 @@ from typing import Any
 
 import torch
 
-from lazy_torch.dispatch import NATIVE_RECORD, assign, bound_arguments, dispatch, recorded, special
-from lazy_torch.tensor import LazyTensor, dense_meta, upload
+from lazy_torch.dispatch import (
+    NATIVE_RECORD,
+    assign,
+    bound_arguments,
+    dispatch,
+    record,
+    recorded,
+    special,
+)
+from lazy_torch.tensor import LazyTensor, dense_meta, to_cpu, upload
 
 aten = torch.ops.aten
 
@@ -237,3 +245,29 @@ def _checked(func, args, kwargs):
     if not (_foreign(args) or _foreign(tuple(kwargs.values()))):
         check(func, args, kwargs)
     return recorded(func, args, kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# one_hot: PyTorch's composite for tensor subclasses checks no class value (an out-of-range one
+# gave a row of zeros), so it is recorded whole; the runtime checks raise eager's errors.
+
+
+def _one_hot(self: Any, num_classes: int = -1) -> Any:
+    if self.dtype != torch.long:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if self.numel() == 0:
+        if num_classes <= 0:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        return torch.zeros((*self.shape, num_classes), dtype=torch.long, device=self.device)
+    if num_classes == -1:  # eager reads the values too, the smallest first
+        low, high = to_cpu(torch.stack([self.min(), self.max()]), cause="one_hot").tolist()
+        if low < 0:
+            raise RuntimeError("Class values must be non-negative.")
+        num_classes = high + 1
+    return record(aten.one_hot.default, (self, num_classes), {})
+
+
+# At AutogradLazy, where the composite would run; inference mode hands it to the Python key.
+special(aten.one_hot.default)(lambda func, args, kwargs: _one_hot(*args, **kwargs))
+_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 (a kernel for an existing aten op)
+_lib.impl("one_hot", _one_hot, "AutogradLazy")

@@ -1,12 +1,14 @@
-"""Runtime checks: eager raises on an out-of-range index, an integer division by zero or a
-masked_scatter source with fewer elements than the mask selects; XLA would clamp, drop or return
+"""Runtime checks: eager raises on an out-of-range index or class target, an integer division by
+zero and some other values it reads (offsets, class counts); XLA would clamp, drop or return
 garbage.
 
 Each op that reads or writes through an index tensor has one entry in ``BOUNDS``, each integer
-division one in ``DIVISIONS``; masked_scatter has a check of its own. The runtime evaluates ``runtime_checks`` next to the op's lowering:
-every check yields ``[bad, index]`` on the device (whether any index is out of range, and the
-first such index in row-major order), and the runtime raises eager's error, built by the entry's
-``error``, when a graph reports one. The data never leaves the device otherwise.
+division one in ``DIVISIONS``, each loss with class targets one in ``TARGETS``; masked_scatter,
+one_hot and embedding_bag's offsets have checks of their own. The runtime evaluates
+``runtime_checks`` next to the op's lowering: every check yields ``[bad, index]`` on the device
+(whether any index is out of range, and the first such index in row-major order), and the runtime
+raises eager's error, built by the entry's ``error``, when a graph reports one. The data never
+leaves the device otherwise.
 """
 
 from __future__ import annotations
@@ -78,27 +80,64 @@ def _check(index: Any, size: int, negative: bool) -> Any:
     return jnp.stack([jnp.any(bad).astype(jnp.int64), index[jnp.argmax(bad)]])
 
 
-class _ZeroDivision:
-    """Integer ``//``, ``%``, fmod and rounding division: eager raises on a zero divisor."""
+@dataclasses.dataclass(frozen=True)
+class _Message:
+    """An error of ``kind`` whose message may name the bad value (``index``) and a ``size``."""
 
-    @staticmethod
-    def error(index: int, dim: int, size: int) -> Exception:
-        return RuntimeError("ZeroDivisionError")
+    kind: type[Exception]
+    message: str
 
-
-_ZERO_DIVISION = _ZeroDivision()
-
-
-class _SourceTooSmall:
-    """masked_scatter: eager raises when the mask selects more elements than the source has."""
-
-    @staticmethod
-    def error(index: int, dim: int, size: int) -> Exception:
-        return RuntimeError("Number of elements of source < number of ones in mask")
+    def error(self, index: int, dim: int, size: int) -> Exception:
+        return self.kind(self.message.format(index=index, size=size))
 
 
-_SOURCE_TOO_SMALL = _SourceTooSmall()
+# Integer ``//``, ``%``, fmod and rounding division: eager raises on a zero divisor.
+_ZERO_DIVISION = _Message(RuntimeError, "ZeroDivisionError")
+# masked_scatter: eager raises when the mask selects more elements than the source has.
+_SOURCE_TOO_SMALL = _Message(RuntimeError, "Number of elements of source < number of ones in mask")
+# one_hot: eager checks the class values' range (in that order).
+_ONE_HOT = (
+    _Message(RuntimeError, "Class values must be non-negative."),
+    _Message(RuntimeError, "Class values must be smaller than num_classes."),
+)
+_ONE_HOT_OP = "aten.one_hot.default"
+# embedding_bag: eager reads the first and last offsets (and prints the first as a 0-dim tensor).
+_FIRST_OFFSET = (
+    "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+    "position 0. However, got {index}\n[ torch.%sTensor{{}} ]"
+)
+_LAST_OFFSET = _Message(
+    RuntimeError,
+    "offsets[-1] can not be greater than input's length {size} but got offsets[-1] of {index}",
+)
+_BAGS = frozenset(("aten._embedding_bag.default", "aten._embedding_bag_forward_only.default"))
 _MASKED_SCATTER = "aten.masked_scatter.default"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Targets:
+    """Class targets of a loss: eager raises on one outside [low, classes) (the classes along
+    ``dim`` of the input), but for ``ignore``, the argument position of an ignored target."""
+
+    kind: type[Exception]
+    message: str  # field: index (the first bad target)
+    dim: int  # the input's dim of classes, for an input of 2+ dims (else 0)
+    low: int = 0
+    ignore: int | None = None
+
+    def error(self, index: int, dim: int, size: int) -> Exception:
+        return self.kind(self.message.format(index=index))
+
+
+_NLL = _Targets(IndexError, "Target {index} is out of bounds.", dim=1, ignore=4)
+TARGETS: dict[str, _Targets] = {
+    "aten.nll_loss_forward.default": _NLL,
+    "aten.nll_loss2d_forward.default": _NLL,
+    "aten.multi_margin_loss.default": _Targets(RuntimeError, "target out of range", dim=-1),
+    "aten.multilabel_margin_loss_forward.default": _Targets(
+        RuntimeError, "argument #2 'target' is out of range", dim=-1, low=-1
+    ),
+}
 DIVISIONS = frozenset(
     f"aten.{name}"
     for name in (
@@ -113,7 +152,9 @@ DIVISIONS = frozenset(
         "fmod.Scalar",
     )
 )
-CHECKED = frozenset(BOUNDS) | DIVISIONS | {_MASKED_SCATTER}
+CHECKED = (
+    frozenset(BOUNDS) | DIVISIONS | frozenset(TARGETS) | _BAGS | {_MASKED_SCATTER, _ONE_HOT_OP}
+)
 
 
 def _integral(x: Any) -> bool:
@@ -130,14 +171,30 @@ def runtime_checks(op: str, args: tuple, kwargs: dict) -> list[tuple[Any, tuple[
             return []  # a float result: division by zero is inf or nan, as in eager
         if op.startswith("aten.div.") and kwargs.get("rounding_mode") is None:
             return []
-        bad = jnp.any(jnp.asarray(divisor) == 0).astype(jnp.int64)
-        return [(jnp.stack([bad, jnp.zeros((), jnp.int64)]), (_ZERO_DIVISION, 0, 0))]
+        return [_any(jnp.asarray(divisor) == 0, _ZERO_DIVISION)]
+    if op in TARGETS:
+        return [_target_check(TARGETS[op], args)]
+    if op == _ONE_HOT_OP:
+        x, classes = args[0], args[1]
+        return [_any(x < 0, _ONE_HOT[0]), _any(x >= classes, _ONE_HOT[1])]
+    if op in _BAGS:
+        indices, offsets = args[1], args[2]
+        if offsets.size == 0 or indices.ndim != 1:
+            return []
+        name = "Int" if offsets.dtype == jnp.int32 else "Long"
+        first_offset = _Message(RuntimeError, _FIRST_OFFSET % name)
+        offsets = jnp.reshape(offsets, (-1,)).astype(jnp.int64)
+        first, last = offsets[0], offsets[-1]
+        n = indices.shape[0]
+        return [
+            (jnp.stack([(first != 0).astype(jnp.int64), first]), (first_offset, 0, n)),
+            (jnp.stack([(last > n).astype(jnp.int64), last]), (_LAST_OFFSET, 0, n)),
+        ]
     if op == _MASKED_SCATTER:
         x, mask, source = args
         shape = jnp.broadcast_shapes(jnp.shape(x), jnp.shape(mask))
         ones = jnp.sum(jnp.broadcast_to(mask, shape).astype(jnp.int64))
-        bad = (ones > source.size).astype(jnp.int64)
-        return [(jnp.stack([bad, jnp.zeros((), jnp.int64)]), (_SOURCE_TOO_SMALL, 0, 0))]
+        return [_any(ones > source.size, _SOURCE_TOO_SMALL)]
     return _index_checks(op, args)
 
 
@@ -176,6 +233,23 @@ def _eager_bound(op: str, args: tuple) -> Bound | None:
         if 0 in rest or 0 in indexed:  # the indexing result is empty
             return None
     return bound
+
+
+def _any(bad: Any, error: _Message) -> tuple[Any, tuple[_Message, int, int]]:
+    bad = jnp.any(bad).astype(jnp.int64)
+    return jnp.stack([bad, jnp.zeros((), jnp.int64)]), (error, 0, 0)
+
+
+def _target_check(entry: _Targets, args: tuple) -> tuple[Any, tuple[_Targets, int, int]]:
+    x, target = args[0], jnp.reshape(args[1], (-1,)).astype(jnp.int64)
+    classes = x.shape[entry.dim] if x.ndim > 1 else x.shape[0] if x.ndim else 1
+    if target.size == 0:
+        return jnp.zeros((2,), jnp.int64), (entry, 0, classes)
+    bad = (target < entry.low) | (target >= classes)
+    if entry.ignore is not None:
+        bad &= target != args[entry.ignore]
+    row = jnp.stack([jnp.any(bad).astype(jnp.int64), target[jnp.argmax(bad)]])
+    return row, (entry, 0, classes)
 
 
 def _index_checks(op: str, args: tuple) -> list[tuple[Any, tuple[Bound, int, int]]]:

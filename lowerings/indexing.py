@@ -1,4 +1,4 @@
-"""Lowerings: gather/scatter, advanced indexing, index_add/index_put, embedding, masked_scatter.
+"""Lowerings: gather/scatter, advanced indexing, index_* ops, embedding, one_hot, masked_scatter.
 
 Indices go through jax.numpy indexing, which wraps negative indices as PyTorch's advanced
 indexing does. Out-of-range indices (and negative ones where PyTorch rejects them) are caught by
@@ -6,8 +6,8 @@ the bounds checks of lowerings/bounds.py, which raise eager's error from the run
 
 ``index.Tensor`` and ``index_put`` take integer index tensors only: a boolean mask has a
 data-dependent result shape, so the lazy layer turns it into integer indices (after a sync) before
-a node is recorded. ``take_along_dim`` and ``one_hot`` are composite in PyTorch and reach the
-backend as ``gather`` / ``scatter``, so they need no lowering.
+a node is recorded. ``take_along_dim`` is composite in PyTorch and reaches the backend as
+``gather``, so it needs no lowering.
 """
 
 from __future__ import annotations
@@ -230,6 +230,17 @@ def _embedding_dense_backward(
         grad = grad / counts[flat][:, None]
     grad = jnp.where((flat != padding_idx)[:, None], grad, 0)
     return jnp.zeros(ctx.shape, ctx.dtype).at[flat].add(grad.astype(ctx.dtype))
+
+
+# ------------------------------------------------------------------------------------------------
+# one_hot (PyTorch's composite checks no class value of a tensor subclass: the lazy layer records
+# it whole)
+
+
+@lowering("aten.one_hot.default")
+def _one_hot(ctx, x, num_classes=-1):
+    # The runtime checks raise eager's error for a class value outside [0, num_classes).
+    return (x[..., None] == jnp.arange(ctx.shape[-1], dtype=x.dtype)).astype(ctx.dtype)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -282,6 +282,68 @@ def test_errors_that_depend_on_index_values_match_eager(name, value):
     lazy_torch.mark_step(wait=True)
 
 
+def _log_probs(m, *shape):
+    return m.x(*shape).log_softmax(1)
+
+
+# Class targets, one_hot's classes and embedding_bag's offsets: values eager reads and refuses.
+F_ = torch.nn.functional
+READ = {
+    "nll_loss": lambda m: F_.nll_loss(_log_probs(m, 4, 3), m.i([0, 1, 2, 5])),
+    "nll_loss_negative": lambda m: F_.nll_loss(_log_probs(m, 4, 3), m.i([0, 1, -2, 5])),
+    "nll_loss_none": lambda m: F_.nll_loss(
+        _log_probs(m, 4, 3), m.i([0, 3, 2, 1]), reduction="none"
+    ),
+    "nll_loss_ignored": lambda m: F_.nll_loss(
+        _log_probs(m, 4, 3), m.i([0, 1, 2, 5]), ignore_index=5
+    ),
+    "nll_loss_ignored_default": lambda m: F_.nll_loss(_log_probs(m, 4, 3), m.i([0, -100, 2, 1])),
+    "nll_loss_one_sample": lambda m: F_.nll_loss(m.x(3).log_softmax(0), m.i(7)),
+    "nll_loss_2d": lambda m: F_.nll_loss(_log_probs(m, 2, 3, 2, 2), m.i([[[0, 1], [2, 3]]] * 2)),
+    "cross_entropy": lambda m: F_.cross_entropy(m.x(4, 3), m.i([0, 1, 2, 3])),
+    "cross_entropy_smoothing": lambda m: F_.cross_entropy(
+        m.x(4, 3), m.i([0, 3, 2, 1]), label_smoothing=0.1
+    ),
+    "multi_margin": lambda m: F_.multi_margin_loss(m.x(4, 3), m.i([0, 1, 2, 3])),
+    "multi_margin_0d": lambda m: F_.multi_margin_loss(m.t(2.0), m.i(1)),
+    "multilabel_margin": lambda m: F_.multilabel_margin_loss(
+        m.x(2, 3), m.i([[0, 3, -1], [1, -1, 0]])
+    ),
+    "multilabel_margin_ok": lambda m: F_.multilabel_margin_loss(
+        m.x(2, 3), m.i([[0, 2, -1], [1, -1, 7]])
+    ),
+    "one_hot": lambda m: F_.one_hot(m.i([0, 5]), 3),
+    "one_hot_negative": lambda m: F_.one_hot(m.i([-1, 5]), 3),
+    "one_hot_inferred": lambda m: F_.one_hot(m.i([0, 5])),
+    "one_hot_inferred_negative": lambda m: F_.one_hot(m.i([2, -1])),
+    "one_hot_int32": lambda m: F_.one_hot(m.i([0, 1], torch.int32), 3),
+    "one_hot_empty": lambda m: F_.one_hot(m.i([], torch.long), 3),
+    "one_hot_empty_inferred": lambda m: F_.one_hot(m.i([], torch.long)),
+    "embedding_bag_first_offset": lambda m: F_.embedding_bag(
+        m.i([0, 1, 2, 3]), m.x(4, 3), m.i([1, 2])
+    ),
+    "embedding_bag_last_offset": lambda m: F_.embedding_bag(
+        m.i([0, 1, 2, 3]), m.x(4, 3), m.i([0, 9])
+    ),
+    "embedding_bag_ok": lambda m: F_.embedding_bag(m.i([0, 1, 2, 3]), m.x(4, 3), m.i([0, 4])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READ))
+def test_values_eager_refuses_raise_its_error_at_the_read(name):
+    def run(m):
+        return READ[name](m).cpu()
+
+    expected = _outcome(run, Make("cpu", "cpu"))
+    got = _outcome(run, Make("lazy", "lazy"))
+    if expected[0] == "error":
+        assert got == expected
+    else:
+        assert got[0] == "ok", got
+        torch.testing.assert_close(got[1], expected[1])
+    lazy_torch.mark_step(wait=True)
+
+
 @pytest.mark.parametrize(
     "name,fn,error",
     [
