@@ -127,22 +127,18 @@ def _check_masks(self: LazyTensor, indices: list) -> None:
     check(aten.index.Tensor, (self, standins), {})
 
 
-def _mask_to_indices(indices: list) -> list:
-    """Boolean masks as the integer index tensors they select (a sync for a lazy mask; a CPU
-    mask's are computed on the CPU)."""
+def _integer_indices(self: LazyTensor, indices: list) -> list:
+    """``indices`` as integer index tensors on ``self``'s device (masks checked already): a mask
+    as the indices it selects, found with a sync for a lazy mask, on the CPU (and moved in one
+    transfer) for a CPU one."""
+    device = self._lazy.device
     out: list = []
     for index in indices:
         if _is_mask(index):
-            out.extend(aten.nonzero.default(index).unbind(1))
+            out.extend(_on_device(aten.nonzero.default(index), device).unbind(1))
         else:
-            out.append(index)
+            out.append(_on_device(index, device))
     return out
-
-
-def _integer_indices(self: LazyTensor, indices: list) -> list:
-    """``indices`` as integer index tensors on ``self``'s device (masks checked already)."""
-    device = self._lazy.device
-    return [_on_device(i, device) for i in _mask_to_indices(indices)]
 
 
 # In C once a signature is known, as the rest of the family below: masks and CPU index tensors

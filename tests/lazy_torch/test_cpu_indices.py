@@ -100,13 +100,16 @@ def test_writes_with_cpu_indices_match_eager(name):
     torch.testing.assert_close(x.cpu(), fn(_x()))
 
 
-def test_a_cpu_mask_needs_no_sync():
+def test_a_cpu_mask_needs_no_sync_and_one_transfer():
     x = _x().to("lazy")
+    mask = _x() % 3 == 1
     syncs = sum(v for k, v in lazy_torch.metrics.counters().items() if k.startswith("syncs::"))
-    y = x[torch.tensor([True, False, True, True])]
+    transfers = _counter("transfers_to_device")
+    y = x[mask]
     after = sum(v for k, v in lazy_torch.metrics.counters().items() if k.startswith("syncs::"))
     assert after == syncs  # its indices are found on the CPU, where it lies
-    torch.testing.assert_close(y.cpu(), _x()[torch.tensor([True, False, True, True])])
+    assert _counter("transfers_to_device") == transfers + 1  # both dims' indices at once
+    torch.testing.assert_close(y.cpu(), _x()[mask])
 
 
 def test_gradient_through_cpu_indices_matches_eager():
