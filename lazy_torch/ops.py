@@ -160,6 +160,7 @@ def _random_inplace(func, args, kwargs):
     aten.bernoulli.p,
     aten.bernoulli.Tensor,
     aten.native_dropout.default,
+    aten.uniform.default,
     aten.normal.Tensor_float,
     aten.normal.float_Tensor,
     aten.normal.Tensor_Tensor,
@@ -201,8 +202,8 @@ def _multinomial(func, args, kwargs):
     return record(func, args, kwargs, extra=_rng_operands)
 
 
-@special(aten.randperm.default, aten.randperm.generator)
-def _randperm(func, args, kwargs):
+@special(aten.randperm.default, aten.randperm.generator, aten.normal.float_float)
+def _random_factory(func, args, kwargs):
     # A factory: the RNG state is that of the device it creates on.
     device = _lazy_index(kwargs.get("device")) or 0
     return record(func, args, kwargs, extra=lambda ops: _rng_operands(ops, device))
@@ -211,9 +212,14 @@ def _randperm(func, args, kwargs):
 _RRELU_ARGS = ("self", "noise", "lower", "upper", "training", "generator")
 
 
-@special(aten.rrelu_with_noise.default, aten.rrelu_with_noise_.default)
+@special(
+    aten.rrelu_with_noise.default,
+    aten.rrelu_with_noise_.default,
+    aten.rrelu_with_noise_functional.default,
+)
 def _rrelu_with_noise(func, args, kwargs):
-    # Both forms write the noise tensor: record the functional op and substitute its outputs.
+    # The mutating forms write the noise tensor: record the functional op and substitute its
+    # outputs.
     bound = {"lower": 0.125, "upper": 1.0 / 3.0, "training": False}
     bound.update(zip(_RRELU_ARGS, args), **kwargs)
     self, noise, lower, upper = (bound[k] for k in _RRELU_ARGS[:4])
@@ -224,9 +230,13 @@ def _rrelu_with_noise(func, args, kwargs):
             {},
             extra=_rng_operands,
         )
-        assign(noise, noise_out)
     else:
         out = dispatch(aten.leaky_relu.default, (self, (lower + upper) / 2), {})
+        noise_out = dispatch(aten.clone.default, (noise,), {})
+    if func is aten.rrelu_with_noise_functional.default:
+        return out, noise_out
+    if bound["training"]:
+        assign(noise, noise_out)
     if func is aten.rrelu_with_noise_.default:
         assign(self, out)
         return self

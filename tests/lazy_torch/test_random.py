@@ -274,3 +274,23 @@ def test_observation_loops_of_random_draws_replay_one_graph():
         loop(2)
         lazy_torch.mark_step()
     assert lazy_torch.metrics.counters().get("compiles", 0) == 0, lazy_torch.metrics.counters()
+
+
+def test_every_random_lowering_gets_the_device_rng_state():
+    # A random lowering recorded without the RNG operands failed to compile ("unexpected PRNG
+    # key type"): torch.normal(mean, std, size, out=) reached normal.float_float that way.
+    from lazy_torch import dispatch, ops
+    from lowerings.registry import LOWERINGS, category
+
+    random_ops = [n for n in LOWERINGS if n.startswith("aten.") and category(n) == "random"]
+    assert len(random_ops) > 20
+    for name in random_ops:
+        packet, _, overload = name.removeprefix("aten.").partition(".")
+        func = getattr(getattr(torch.ops.aten, packet), overload)
+        handler = dispatch._handlers.get(id(func)) or dispatch._resolve(func)
+        assert handler.__module__ == ops.__name__, name
+    o = torch.empty(0, device="lazy")
+    torch.normal(1.5, 0.25, (4,), out=o)
+    assert o.shape == (4,) and torch.isfinite(o.cpu()).all()
+    u = torch.ops.aten.uniform.default(torch.zeros(3, device="lazy"), 2.0, 3.0)
+    assert ((u.cpu() >= 2.0) & (u.cpu() < 3.0)).all()
