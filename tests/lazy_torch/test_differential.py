@@ -115,7 +115,8 @@ KNOWN_FAILURES: dict[str, Known] = {
 CHUNKS = 6
 SEEDS_PER_CHUNK = 12  # 6 x 12 seeds x 2 twins = 144 programs, each run twice
 SLOW_CHUNKS = 16
-SLOW_PROGRAMS = int(os.environ.get("LAZY_DIFF_PROGRAMS", "2000"))
+# Opt-in: 2,000 programs take about 25 minutes of one core (XLA compiles most of it).
+SLOW_PROGRAMS = int(os.environ.get("LAZY_DIFF_PROGRAMS", "0"))
 SLOW_FIRST_SEED = 100_000  # apart from the default run's seeds
 
 
@@ -132,6 +133,7 @@ def test_random_programs_match_eager(chunk, record_property):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not SLOW_PROGRAMS, reason="set LAZY_DIFF_PROGRAMS=N for N more programs")
 @pytest.mark.parametrize("chunk", range(SLOW_CHUNKS))
 def test_many_random_programs_match_eager(chunk, record_property):
     seeds_per_chunk = -(-SLOW_PROGRAMS // (2 * SLOW_CHUNKS))
