@@ -16,7 +16,7 @@ from lazy_torch.dispatch import (
     record,
     special,
 )
-from lazy_torch.resize import resize, resized_as_meta, resized_meta, window
+from lazy_torch.resize import fill_outs, resize, resized_as_meta, resized_meta, window
 from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, upload, wrap
 
 aten = torch.ops.aten
@@ -292,3 +292,35 @@ def _resized(self: LazyTensor, meta: tuple, in_place: bool) -> LazyTensor:
     if in_place:
         return resize(self, meta)
     return dispatch(aten.clone.default, (window(self, meta) if meta != self._meta else self,), {})
+
+
+# Composite out= kernels that run above the Lazy key and, for tensor subclasses, compute their
+# result without writing it into ``out`` (linalg_matrix_rank: eager CPU tensors under a
+# TorchDispatchMode are left unwritten too), which left ``out`` silently unchanged. At
+# AutogradLazy, where the composite would run, they are the functional op and then ``out`` filled
+# as every out= op's is.
+def _composite_out(func, functional):
+    out_names = [a.name for a in func._schema.arguments if a.is_out]
+
+    def kernel(*args, **kwargs):
+        inputs = {k: v for k, v in kwargs.items() if k not in out_names}
+        fill_outs(func, args, kwargs, out_names, functional(*args, **inputs))
+        return kwargs[out_names[0]]
+
+    return kernel
+
+
+for _out_name, _functional_name in (
+    ("out", "default"),
+    ("out_tol_tensor", "tol_tensor"),
+    ("atol_rtol_tensor_out", "atol_rtol_tensor"),
+    ("atol_rtol_float_out", "atol_rtol_float"),
+):
+    _lib.impl(
+        f"linalg_matrix_rank.{_out_name}",
+        _composite_out(
+            getattr(aten.linalg_matrix_rank, _out_name),
+            getattr(aten.linalg_matrix_rank, _functional_name),
+        ),
+        "AutogradLazy",
+    )

@@ -36,6 +36,10 @@ aten = torch.ops.aten
 
 def become(self: LazyTensor, other: LazyTensor) -> LazyTensor:
     """Give ``self`` the sizes, strides and value of ``other`` (in-place metadata ops)."""
+    if other.is_inference() and not self.is_inference():
+        # Made under inference mode: the swap below takes a tensor of self's own kind.
+        with torch.inference_mode(False):
+            other = wrap(other._lazy, other._meta)
     torch.Tensor.data.__set__(self, other)  # swaps the C++ sizes and strides
     self._lazy, self._meta = other._lazy, other._meta
     return self

@@ -351,3 +351,35 @@ def test_out_warning_is_given_once_per_call_site_as_eager():
     assert len(eager) == 2
     assert program("lazy") == eager
     lazy_torch.mark_step()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"atol": 0.5}, {"hermitian": True}, {"tol": 1e-5}])
+@pytest.mark.parametrize("inference", [False, True])
+def test_matrix_rank_out_is_written(kwargs, inference):
+    # Its composite out= kernel computed the rank without writing it: out kept its old value.
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    a[3] = a[2]
+    a = a @ a.T if kwargs.get("hermitian") else a
+
+    def program(device):
+        out = torch.full((), -1, dtype=torch.long, device=device)
+        with torch.inference_mode(inference):
+            tol = {"tol": kwargs["tol"]} if "tol" in kwargs else {}
+            rest = {k: v for k, v in kwargs.items() if k != "tol"}
+            result = torch.linalg.matrix_rank(a.to(device), *tol.values(), out=out, **rest)
+        assert result is out
+        return out
+
+    _check(program)
+
+
+def test_out_made_outside_inference_mode_is_resized_inside_it():
+    def program(device):
+        x = torch.arange(3.0, device=device)
+        out, view_out = torch.empty(0, device=device), torch.zeros(2, 1, device=device)
+        with torch.inference_mode():
+            torch.add(x, x, out=out)
+            view_out.squeeze_()
+        return out, view_out, out.is_inference()
+
+    _check(program)

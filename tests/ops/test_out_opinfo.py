@@ -18,11 +18,6 @@ from tests.ops.harness import OPS, RANDOM_OPS, SKIP, op_name, to_lazy
 OUT_OPS = [op for op in OPS.values() if op.supports_out]
 # Ops whose out= run is not compared, each with its reason.
 OUT_SKIP = {
-    "normal.number_mean": "normal.float_float (the functional op of its out= form) is recorded "
-    "without a device RNG key when dispatched directly",
-    "linalg.matrix_rank": "its composite out= kernel rebinds its result instead of writing it (in "
-    "eager under a TorchDispatchMode too)",
-    "linalg.matrix_rank.hermitian": "as linalg.matrix_rank",
     "histogramdd": "its OpInfo's out= is a tuple of a tensor and a list of edges",
 }
 # Values that eager itself does not fix (eigenvector signs): shapes, strides and dtypes only.
