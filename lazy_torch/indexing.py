@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from lazy_core import digest
 from lazy_torch.dispatch import (
     NATIVE_RECORD,
     assign,
@@ -42,14 +43,16 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 def _signature(v: Any) -> Any:
+    """``v`` as a part of a type-exact key (lazy_core/digest.py: True, 1 and 1.0, or 0.0 and
+    -0.0, are different arguments)."""
     kind = type(v)
     if kind is LazyTensor:
-        return v._meta
+        return ("lazy", v._meta)
     if isinstance(v, torch.Tensor):
-        return (tuple(v.shape), v.dtype)
+        return ("tensor", tuple(v.shape), v.dtype)
     if kind is list or kind is tuple:
-        return (kind, tuple([_signature(x) for x in v]))
-    return (kind, v)  # the type too: True, 1 and 1.0 are different arguments
+        return (kind.__name__, tuple([_signature(x) for x in v]))
+    return v
 
 
 def _standin(v: Any, fill: int) -> Any:
@@ -87,7 +90,10 @@ def check(func: Any, args: tuple, kwargs: dict) -> None:
     changes when they are -1 instead names an index value (``index 0 is out of bounds``): the
     runtime check reports it with the real value, so it is not raised here.
     """
-    key = (id(func), _signature(args), _signature(tuple(kwargs.items())))
+    try:
+        key = (id(func), digest((_signature(args), _signature(tuple(kwargs.items())))))
+    except TypeError:  # an argument no key can hold: replay every time
+        key = None
     if key in _accepted:
         return
     error = _replay(func, args, kwargs, 0)
@@ -97,7 +103,8 @@ def check(func: Any, args: tuple, kwargs: dict) -> None:
             raise error.with_traceback(None)
     if len(_accepted) >= _ACCEPTED_MAX:
         _accepted.clear()
-    _accepted.add(key)
+    if key is not None:
+        _accepted.add(key)
 
 
 # ----------------------------------------------------------------------------------------------
