@@ -624,13 +624,14 @@ def _tolerance(dtype: torch.dtype) -> dict:
     return {"rtol": 0, "atol": 0}
 
 
-def _same_python(e, z) -> bool:
+def _same_python(e, z, tol: dict) -> bool:
     if type(e) is not type(z):
         return False
     if isinstance(e, list):
-        return len(e) == len(z) and all(_same_python(a, b) for a, b in zip(e, z))
+        return len(e) == len(z) and all(_same_python(a, b, tol) for a, b in zip(e, z))
     if isinstance(e, float):
-        return (math.isnan(e) and math.isnan(z)) or math.isclose(e, z, rel_tol=1e-3, abs_tol=1e-3)
+        close = math.isclose(e, z, rel_tol=tol["rtol"], abs_tol=tol["atol"])
+        return (math.isnan(e) and math.isnan(z)) or close
     return e == z
 
 
@@ -644,10 +645,12 @@ def _degenerate(v: object) -> bool:
     return isinstance(v, torch.Tensor) and bool({0, 1} & set(v.shape))
 
 
-def compare(eager: dict, lazy: dict, loose: set[str] = frozenset()) -> list[str]:
+def compare(
+    eager: dict, lazy: dict, loose: set[str] = frozenset(), tols: dict | None = None
+) -> list[str]:
     """Differences between the two namespaces' variables (values, metadata, identities); the
-    strides of ``loose`` tensors are not compared."""
-    problems = []
+    strides of ``loose`` tensors are not compared; ``tols``: Python numbers' tolerances."""
+    problems, tols = [], tols or {}
     names = [k for k in eager if k not in HELPERS and not k.startswith("__")]
     if sorted(names) != sorted(k for k in lazy if k not in HELPERS and not k.startswith("__")):
         problems.append(
@@ -656,7 +659,7 @@ def compare(eager: dict, lazy: dict, loose: set[str] = frozenset()) -> list[str]
         names = [k for k in names if k in lazy]
     tensors = [k for k in names if isinstance(eager[k], torch.Tensor)]
     for k in names:
-        if k not in tensors and not _same_python(eager[k], lazy[k]):
+        if k not in tensors and not _same_python(eager[k], lazy[k], tols.get(k, _tolerance(0))):
             problems.append(f"{k}: eager {eager[k]!r}, lazy {lazy[k]!r}")
     for k in tensors:
         e, z = eager[k], lazy[k]
@@ -722,6 +725,7 @@ def _lockstep(program: Program, eager: dict, lazy: dict, counts: Counter) -> Non
     # Tensors computed from a size-0/1 dim somewhere in their history, while the known failure
     # "size_one_strides" stands: their strides are not compared.
     loose: set[str] = set()
+    tols: dict[str, dict] = {}  # a synced number's tolerance: its tensor's dtype's
     for i, (kind, line) in enumerate(program.statements):
         counts[kind] += 1
         before = set(eager)
@@ -732,13 +736,16 @@ def _lockstep(program: Program, eager: dict, lazy: dict, counts: Counter) -> Non
             n in loose or _degenerate(eager.get(n)) for n in used
         ):
             loose |= (set(eager) - before) | set(re.findall(r"out=(t\d+)", line))
+        for name in set(eager) - before:
+            tensors = [eager[n] for n in re.findall(r"\bt\d+\b", line) if n in before]
+            tols[name] = _tolerance(tensors[0].dtype if tensors else None)
         if (err_e and err_e[0]) is not (err_z and err_z[0]):
             _fail(program, i, f"statement {i} raised {err_e} on eager but {err_z} on lazy")
         counts["raised"] += err_e is not None
         if len(warn_e) != len(warn_z):
             _fail(program, i, f"statement {i} warned {warn_e} on eager but {warn_z} on lazy")
         if kind in SYNC_KINDS or i == len(program.statements) - 1:
-            problems = compare(eager, lazy, loose)
+            problems = compare(eager, lazy, loose, tols)
             if problems:
                 _fail(program, i, f"after statement {i}:\n  " + "\n  ".join(problems))
 
