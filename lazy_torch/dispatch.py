@@ -314,7 +314,8 @@ def memo_key(name: str, args_t: tuple, kwargs_t: tuple, keys: list) -> tuple[str
     return (name, digest_with(digest((args_t, kwargs_t)), tuple(keys)))
 
 
-def _to_meta(v: Any) -> Any:
+def _to_meta(v: Any, cpu_scalars: bool = False) -> Any:
+    """``v`` with lazy tensors (and, with ``cpu_scalars``, 0-dim CPU tensors) as meta tensors."""
     if isinstance(v, LazyTensor):
         shape, stride, offset, dtype = v._meta
         if not offset:
@@ -322,7 +323,9 @@ def _to_meta(v: Any) -> Any:
         extent = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 0)
         return torch.empty(extent, dtype=dtype, device="meta").as_strided(shape, stride, offset)
     if isinstance(v, (list, tuple)):
-        return type(v)(_to_meta(x) for x in v)
+        return type(v)(_to_meta(x, cpu_scalars) for x in v)
+    if cpu_scalars and isinstance(v, torch.Tensor) and v.dim() == 0 and v.device.type == "cpu":
+        return torch.empty((), dtype=v.dtype, device="meta")
     if isinstance(v, torch.device) or (isinstance(v, str) and v.startswith("lazy")):
         return torch.device("meta")
     return v
@@ -355,8 +358,8 @@ def _memo(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None
     recorded call, the nodes of equal calls share it instead of one each)."""
     entry = _meta_cache.get(key)
     if entry is None:
-        margs = _to_meta(args)
-        mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+        margs = _to_meta(args, True)
+        mkwargs = {k: _to_meta(v, True) for k, v in kwargs.items()}
         try:
             with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # meta kernels warn about resizing out= tensors
@@ -364,7 +367,7 @@ def _memo(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None
         except _FALLBACK_EXCEPTIONS:
             raise
         except Exception:
-            _raise_eager_error(func, margs, mkwargs)
+            check_like_eager(func, args, kwargs)  # CPU scalars keep their values
             raise
         if str(func) in _MATMUL_OPS and len({a.dtype for a in margs if _is_meta(a)}) > 1:
             _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes

@@ -63,17 +63,6 @@ KNOWN_FAILURES: dict[str, Known] = {
         kinds=("inplace", "out_right"),
         eager_error="some elements of the input tensor and the written-to",
     ),
-    "cpu_scalar_tensor_operands": Known(
-        "A 0-dim CPU tensor (eager CUDA takes it as a scalar) as masked_fill's value or as "
-        "floor_divide's dividend: shape inference runs the op on meta arguments with the CPU "
-        "tensor left as is. x = torch.ones(2, device='lazy'); x.masked_fill(x > 0, "
-        "torch.tensor(0.5)) raises 'Expected `value` to be on same device as `a`'; "
-        "torch.tensor(2.0) // x raises 'Expected divisor (b) to be on the same device (cpu) as "
-        "dividend (a), but it is found on meta!'; torch.tensor(3) // torch.arange(1, 4, "
-        "device='lazy') raises ZeroDivisionError (eager: [3, 1, 1]).",
-        kinds=("index_fn", "inplace", "binary_scalar"),
-        source=r"masked_fill_?\(.*, torch\.tensor\(|torch\.tensor\([^)]*\) //",
-    ),
     "unsupported_dtypes": Known(
         "Ops eager has no kernel for at a dtype (on CUDA too) raise NotImplementedError there; "
         "lazy records them, and some then fail to compile at the next barrier: "
