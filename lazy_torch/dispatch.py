@@ -26,6 +26,7 @@ from lazy_core import (
     scalar_leaf,
 )
 from lazy_core.ir import GETITEM, OPERANDS, Elements, operand, operands
+from lazy_torch import dtype_checks as _dtype_checks
 from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
 from lazy_torch import tensor as _tensor
@@ -181,8 +182,7 @@ class _Operands:
             return self._added()
         scalar = _cpu_scalar(t)
         if scalar is None:
-            here = "lazy:0" if self.device is None else f"lazy:{self.device}"
-            _device_mismatch(here, str(t.device))
+            _device_mismatch(f"lazy:{self.device or 0}", str(t.device))
         self.srcs.append(scalar[0])
         self.keys.append(scalar[1])
         return self._added()
@@ -315,7 +315,6 @@ def memo_key(name: str, args_t: tuple, kwargs_t: tuple, keys: list) -> tuple[str
 
 
 def _to_meta(v: Any, cpu_scalars: bool = False) -> Any:
-    """``v`` with lazy tensors (and, with ``cpu_scalars``, 0-dim CPU tensors) as meta tensors."""
     if isinstance(v, LazyTensor):
         shape, stride, offset, dtype = v._meta
         if not offset:
@@ -340,11 +339,8 @@ def _out_meta(out: Any) -> Any:
     if isinstance(out, (list, tuple)) and all(
         o is None or isinstance(o, torch.Tensor) for o in out
     ):
-        return (
-            tuple(_out_meta(o) for o in out)
-            if isinstance(out, tuple)
-            else [_out_meta(o) for o in out]
-        )
+        metas = [_out_meta(o) for o in out]
+        return tuple(metas) if isinstance(out, tuple) else metas
     raise NotImplementedError(f"output of type {type(out).__name__} needs a fallback")
 
 
@@ -358,7 +354,7 @@ def _memo(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None
     recorded call, the nodes of equal calls share it instead of one each)."""
     entry = _meta_cache.get(key)
     if entry is None:
-        margs = _to_meta(args, True)
+        margs = _to_meta(args, True)  # 0-dim CPU tensors too: eager CUDA takes them as scalars
         mkwargs = {k: _to_meta(v, True) for k, v in kwargs.items()}
         try:
             with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
@@ -371,6 +367,7 @@ def _memo(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None
             raise
         if str(func) in _MATMUL_OPS and len({a.dtype for a in margs if _is_meta(a)}) > 1:
             _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
+        _dtype_checks.check(func, margs, mkwargs)  # eager's kernels refuse some dtypes
         entry = _meta_cache[key] = (_out_meta(result), template)
     return entry
 
@@ -688,7 +685,9 @@ def recorded(func: Any, args: tuple, kwargs: dict) -> Any:
     """Record ``func`` as a node, or run it on the CPU fallback when it cannot be recorded."""
     try:
         return record(func, args, kwargs)
-    except _FALLBACK_EXCEPTIONS:
+    except _FALLBACK_EXCEPTIONS as e:
+        if getattr(e, "eager_dtype_error", False):  # not a missing lowering
+            raise
         return _fallback.run(func, args, kwargs)
 
 

@@ -63,15 +63,6 @@ KNOWN_FAILURES: dict[str, Known] = {
         kinds=("inplace", "out_right"),
         eager_error="some elements of the input tensor and the written-to",
     ),
-    "unsupported_dtypes": Known(
-        "Ops eager has no kernel for at a dtype (on CUDA too) raise NotImplementedError there; "
-        "lazy records them, and some then fail to compile at the next barrier: "
-        "torch.ones(2, device='lazy') | 2 (eager: '\"bitwise_or_cpu\" not implemented for "
-        "'Float''; lazy: GraphError at .cpu()), torch.ones(2, dtype=torch.long).log_softmax(0), "
-        "torch.ones(2).bool().lerp(torch.ones(2).bool(), 0.5).",
-        kinds=("*",),
-        eager_error="not implemented for",
-    ),
     "bool_pow_bool": Known(
         "pow of a bool tensor by a bool: the meta kernel's dtype is int64, eager's bool: "
         "torch.pow(torch.ones(2, dtype=torch.bool, device='lazy'), False).dtype is torch.int64.",

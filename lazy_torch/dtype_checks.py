@@ -1,0 +1,58 @@
+"""Dtype checks of eager's CPU kernels, which meta kernels do not make: an op is replayed once per
+shape-memo entry on 1-element CPU stand-ins of its tensors, and eager's error is raised when it
+depends only on dtypes and on the types of Scalar arguments.
+
+A stand-in keeps its tensor's dtype and number of dims (type promotion and the kernel eager picks
+depend on both), but not its size: a shape error it causes is ignored, so only errors that no
+shape or tensor value decides count (``_TRUSTED``). Only aten ops are replayed, and not those that
+draw random numbers: they would advance eager's CPU generator.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import torch
+
+# Errors that eager's kernels raise for dtypes alone, by type: kernels without a case for a dtype.
+_TRUSTED = {
+    NotImplementedError: re.compile(r'^"\w+" not implemented for \''),
+}
+
+
+def _standin(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.device.type == "meta":
+        if v.numel() == 0:  # eager may skip an empty tensor's kernel: keep it empty
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+        return torch.zeros((1,) * v.dim(), dtype=v.dtype)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_standin(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "meta":
+        return torch.device("cpu")
+    return v
+
+
+def _has_tensor(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    return isinstance(v, (list, tuple)) and any(_has_tensor(x) for x in v)
+
+
+def check(func: Any, margs: tuple, mkwargs: dict) -> None:
+    """Raise eager CPU's error for a call of ``func`` on arguments of these dtypes (lazy tensors
+    and CPU scalars as meta tensors in ``margs`` / ``mkwargs``), if it is a trusted one."""
+    if func.namespace != "aten" or torch.Tag.nondeterministic_seeded in func.tags:
+        return  # another library's op (a collective) may wait for peers; a random one draws
+    if not (_has_tensor(margs) or _has_tensor(tuple(mkwargs.values()))):
+        return  # a factory: its size is what its arguments say, and dtypes rarely fail
+    try:
+        with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            func(*_standin(margs), **{k: _standin(v) for k, v in mkwargs.items()})
+    except Exception as e:  # noqa: BLE001 (whatever eager raises is judged below)
+        pattern = _TRUSTED.get(type(e))
+        if pattern is not None and pattern.search(str(e)):
+            e.eager_dtype_error = True  # not a missing lowering: no CPU fallback
+            raise e.with_traceback(None) from None
