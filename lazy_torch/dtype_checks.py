@@ -16,9 +16,19 @@ from typing import Any
 
 import torch
 
+# RuntimeErrors eager's kernels raise for a dtype, or for the type of a Scalar argument.
+_DTYPE_MESSAGES = (
+    "Boolean alpha only supported for Boolean results",
+    "For integral input tensors, argument alpha must not be a floating point",
+    "Subtraction, the `-` operator, with (a bool tensor|two bool tensors) is not",
+    "std and var only support floating point and complex dtypes",
+    r"\w+\(\): does not support bool input",
+    "Boolean inputs not supported for",
+)
 # Errors that eager's kernels raise for dtypes alone, by type: kernels without a case for a dtype.
 _TRUSTED = {
     NotImplementedError: re.compile(r'^"\w+" not implemented for \''),
+    RuntimeError: re.compile("|".join(_DTYPE_MESSAGES)),
 }
 
 

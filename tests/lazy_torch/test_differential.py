@@ -33,20 +33,12 @@ KNOWN_FAILURES: dict[str, Known] = {
         check="size_one_strides",
     ),
     "eager_dtype_checks": Known(
-        "Checks eager's kernels make and meta kernels do not, so lazy accepts: "
-        "torch.ones(2).add(torch.ones(2), alpha=True) ('Boolean alpha only supported'), "
-        "torch.ones(2, dtype=torch.bool).add(torch.ones(2, dtype=torch.bool), alpha=8.0) "
-        "('argument alpha must not be a floating point'), torch.ones(2).bool() - 2.0 and False - torch.ones(2).bool() "
-        "('Subtraction, the `-` operator, with ... bool'), "
-        "torch.ones(2, dtype=torch.long).std(0) ('std and var only support floating point'), "
-        "torch.ones(2).bool().argmin(0) ('does not support bool input'), torch.ones(2, "
-        "dtype=torch.long) ** -1 ('Integers to negative integer powers'), "
-        "torch.ones(2).bool().relu() ('Boolean inputs not supported'): each raises "
-        "RuntimeError on eager, nothing on lazy.",
-        kinds=("binary_scalar", "binary_tensor", "scalar_fn", "unary", "inplace", "reduce"),
-        eager_error="Boolean alpha|alpha must not be a floating|Subtraction, the `-` operator|"
-        "std and var only support|does not support bool input|Integers to negative integer|"
-        "Boolean inputs not supported",
+        "A check of eager's kernels that depends on a Scalar's value, which the shape memo "
+        "does not key on: torch.ones(2, dtype=torch.long) ** -1 raises RuntimeError on eager "
+        "('Integers to negative integer powers'), nothing on lazy. (Checks that depend on "
+        "dtypes and Scalar types alone are made: lazy_torch/dtype_checks.py.)",
+        kinds=("binary_scalar", "scalar_fn", "inplace"),
+        eager_error="Integers to negative integer",
     ),
     "empty_reductions": Known(
         "max/min over an empty dim: eager raises IndexError/RuntimeError ('Expected reduction "

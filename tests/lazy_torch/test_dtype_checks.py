@@ -61,3 +61,37 @@ def test_supported_dtypes_still_record_without_fallback():
         assert got.dtype == want.dtype
         torch.testing.assert_close(got.cpu(), want)
     assert not [k for k in lazy_torch.metrics.counters() if k.startswith("fallback::")]
+
+
+# RuntimeErrors eager's kernels raise for dtypes and the types of Scalar arguments alone.
+DTYPE_ERRORS = {
+    "bool_alpha_on_floats": lambda d: _f(d).add(_f(d), alpha=True),
+    "float_alpha_on_bools": lambda d: _b(d).add(_b(d), alpha=8.0),
+    "float_alpha_on_longs": lambda d: _l(d).sub(_l(d), alpha=0.5),
+    "bool_minus_float": lambda d: _b(d) - 2.0,
+    "false_minus_bool": lambda d: False - _b(d),
+    "bool_minus_bool_": lambda d: _b(d).sub_(_b(d)),
+    "bool_minus_cpu_scalar": lambda d: _b(d) - torch.tensor(True),
+    "long_std": lambda d: _l(d).std(0),
+    "long_var": lambda d: torch.var(_l(d)),
+    "bool_argmin": lambda d: _b(d).argmin(0),
+    "bool_argmax": lambda d: _b(d).argmax(),
+    "bool_relu": lambda d: _b(d).relu(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DTYPE_ERRORS))
+def test_dtype_error_raises_eagers_error_at_the_call(name):
+    expected = _outcome(DTYPE_ERRORS[name], "cpu")
+    assert isinstance(expected, tuple) and expected[0] is RuntimeError
+    assert _outcome(DTYPE_ERRORS[name], "lazy") == expected
+    assert _outcome(DTYPE_ERRORS[name], "lazy") == expected  # memo misses only: raised again
+
+
+def test_values_do_not_decide_a_checked_call():
+    # The shape memo is keyed on dtypes and Scalar types, so an accepted call's twin with other
+    # values is accepted too; eager agrees.
+    for alpha in (2, -3):
+        got = _l("lazy").add(_l("lazy"), alpha=alpha)
+        assert got.cpu().tolist() == _l("cpu").add(_l("cpu"), alpha=alpha).tolist()
+    assert _f("lazy").add(_f("lazy"), alpha=0.5).cpu().tolist() == [2.25, -3.0]
