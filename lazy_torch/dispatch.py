@@ -31,6 +31,7 @@ from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
 from lazy_torch import tensor as _tensor
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
+from lazy_torch.eager_checks import eager_memo_rule
 from lazy_torch.foreach import foreach_handler
 from lazy_torch.resize import become, fallback_out_variant, out_variant
 from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, meta_of, wrap
@@ -367,6 +368,7 @@ def _memo(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None
             raise
         if str(func) in _MATMUL_OPS and len({a.dtype for a in margs if _is_meta(a)}) > 1:
             _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
+        result = eager_memo_rule(func, margs, mkwargs, result)  # what meta kernels miss
         _dtype_checks.check(func, margs, mkwargs)  # eager's kernels refuse some dtypes
         entry = _meta_cache[key] = (_out_meta(result), template)
     return entry

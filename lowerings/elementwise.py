@@ -135,6 +135,8 @@ def _int_pow(base, exponent):
 
 
 def _pow(base, exponent):
+    if base.dtype == np.dtype(bool):  # a bool power of a bool: 0 ** 0 is 1, else the base
+        return base | ~exponent
     if _is_integral(base):
         return _int_pow(base, exponent)
     return jnp.power(base, exponent)

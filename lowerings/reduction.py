@@ -112,6 +112,16 @@ for _name, (_reduce, _arg_reduce) in _EXTREMA.items():
     lowering(f"aten.arg{_name}.default")(_arg_extremum(_arg_reduce))
 
 
+# Recorded whole (not as PyTorch's amin/amax decomposition) so that shape inference sees aminmax
+# itself: its checks are eager's, with eager's messages.
+@lowering("aten.aminmax.default")
+def _aminmax(ctx, x, *, dim=None, keepdim=False):
+    axes = _axes(x, dim)
+    low = jnp.min(x, axis=axes, keepdims=keepdim).reshape(ctx.shapes[0])
+    high = jnp.max(x, axis=axes, keepdims=keepdim).reshape(ctx.shapes[1])
+    return _out(ctx, low, 0), _out(ctx, high, 1)
+
+
 # --- any / all -------------------------------------------------------------------------------
 
 

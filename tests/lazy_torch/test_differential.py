@@ -40,26 +40,12 @@ KNOWN_FAILURES: dict[str, Known] = {
         kinds=("binary_scalar", "scalar_fn", "inplace"),
         eager_error="Integers to negative integer",
     ),
-    "empty_reductions": Known(
-        "max/min over an empty dim: eager raises IndexError/RuntimeError ('Expected reduction "
-        "dim 0 to have non-zero size'); lazy records it and the graph fails to compile at the "
-        "next barrier (GraphError, 'zero-size array to reduction operation'): "
-        "torch.ones(0, 3, device='lazy').max(0)[0].cpu(); also torch.ones(0, 3).max().",
-        kinds=("reduce", "reduce_pair"),
-        eager_error="Expected reduction dim",
-    ),
     "partial_overlap": Known(
         "An in-place op whose other input partly overlaps the written tensor: eager raises "
         "RuntimeError ('some elements of the input tensor and the written-to tensor refer to a "
         "single memory location'), lazy writes: x = torch.ones(1, 5); x.sub_(x[:, 0]).",
         kinds=("inplace", "out_right"),
         eager_error="some elements of the input tensor and the written-to",
-    ),
-    "bool_pow_bool": Known(
-        "pow of a bool tensor by a bool: the meta kernel's dtype is int64, eager's bool: "
-        "torch.pow(torch.ones(2, dtype=torch.bool, device='lazy'), False).dtype is torch.int64.",
-        kinds=("binary_scalar", "scalar_fn"),
-        source=r"(\*\* |pow\(.*, )(True|False)\b",
     ),
     "bool_times_inf": Known(
         "XLA's algebraic simplifier rewrites multiply(convert(bool), x) as select(bool, x, 0), "

@@ -1,0 +1,138 @@
+"""Eager's checks that meta kernels skip (lazy_torch/eager_checks.py), against eager CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lazy_torch
+from lazy_torch import eager_checks
+
+DEV = "lazy"
+
+
+def _outcome(fn, device):
+    """What ``fn(device)`` gives: each output's (shape, dtype, values), or the error it raises."""
+    try:
+        out = fn(device)
+    except Exception as e:  # noqa: BLE001 (the error is the result)
+        return type(e), str(e)
+    outs = out if isinstance(out, tuple) else (out,)
+    return [(tuple(t.shape), t.dtype, t.cpu().tolist()) for t in outs]
+
+
+def _same_as_eager(fn):
+    eager, lazy = _outcome(fn, "cpu"), _outcome(fn, DEV)
+    assert lazy == eager
+    return eager
+
+
+# ----------------------------------------------------------------------------------------------
+# Reductions with no identity over an empty dimension.
+
+EMPTY_REDUCTIONS = {
+    "max": lambda x: x.max(),
+    "max.dim": lambda x: x.max(0),
+    "max.dim keepdim": lambda x: x.max(-x.dim(), keepdim=True),
+    "min": lambda x: x.min(),
+    "min.dim": lambda x: x.min(0),
+    "amax": lambda x: x.amax(0),
+    "amax all": lambda x: x.amax(),
+    "amin": lambda x: x.amin(0),
+    "argmax": lambda x: x.argmax(),
+    "argmax.dim": lambda x: x.argmax(0),
+    "argmin.dim": lambda x: x.argmin(0),
+    "aminmax": lambda x: torch.aminmax(x),
+    "aminmax.dim": lambda x: torch.aminmax(x, dim=0),
+    "kthvalue": lambda x: x.kthvalue(1, 0),
+    "median": lambda x: x.median(0),
+    "nanmedian": lambda x: x.nanmedian(0),
+    "mode": lambda x: x.mode(0),
+    "max out": lambda x: torch.amax(x, 0, out=torch.empty(0, device=x.device)),
+}
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3)])
+@pytest.mark.parametrize("name", list(EMPTY_REDUCTIONS))
+def test_empty_reduction_raises_eager_error_at_the_call(name, shape):
+    reduce = EMPTY_REDUCTIONS[name]
+    result = _same_as_eager(lambda d: reduce(torch.ones(shape, device=d)))
+    assert isinstance(result, tuple) and issubclass(result[0], Exception)
+    lazy_torch.mark_step(wait=True)  # nothing failed was recorded: later barriers still work
+
+
+@pytest.mark.parametrize(
+    "reduce",
+    [
+        lambda x: x.max(1),
+        lambda x: x.amin(1),
+        lambda x: x.argmax(1, keepdim=True),
+        lambda x: torch.aminmax(x, dim=1),
+        lambda x: x.mode(1),
+        lambda x: x[:, :0].median(0),
+    ],
+)
+def test_empty_tensor_reduced_over_a_nonempty_dim_matches_eager(reduce):
+    _same_as_eager(lambda d: reduce(torch.ones(0, 3, device=d)))
+
+
+def test_empty_reduction_check_replays_once_per_signature(monkeypatch):
+    calls = []
+    replay = eager_checks._replay
+    monkeypatch.setattr(
+        eager_checks, "_replay", lambda *a: calls.append(a[0]) or replay(*a), raising=True
+    )
+    x = torch.ones(0, 7, device=DEV)  # a signature no other test records
+    for _ in range(3):
+        assert tuple(x.amax(1).shape) == (0,)
+    assert len(calls) == 1
+    for _ in range(3):  # non-empty inputs are never replayed
+        torch.ones(2, 7, device=DEV).amax(1)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.float16])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"dim": 0}, {"dim": -1, "keepdim": True}, {"keepdim": True}]
+)
+def test_aminmax_matches_eager(dtype, kwargs):
+    values = torch.tensor([[1.5, -2.0, 3.0], [0.0, 4.0, -1.0]]).to(dtype)
+    _same_as_eager(lambda d: torch.aminmax(values.to(d), **kwargs))
+    _same_as_eager(lambda d: torch.aminmax(values[0, 0].to(d), **kwargs))
+
+
+def test_aminmax_propagates_nan():
+    x = torch.tensor([[1.0, float("nan")], [2.0, 3.0]])
+    eager = torch.aminmax(x, dim=1)
+    lazy = torch.aminmax(x.to(DEV), dim=1)
+    for e, v in zip(eager, lazy):
+        torch.testing.assert_close(v.cpu(), e, equal_nan=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# pow of bools: eager's dtype, not the meta kernel's.
+
+BOOL_POWS = {
+    "Tensor_Scalar False": lambda b: torch.pow(b, False),
+    "Tensor_Scalar True": lambda b: torch.pow(b, True),
+    "operator": lambda b: b**True,
+    "0-dim base": lambda b: torch.pow(b[0], False),
+    "in place": lambda b: b.clone().pow_(False),
+    "in place True": lambda b: b.clone().pow_(True),
+    "out": lambda b: torch.pow(b, True, out=torch.empty(3, dtype=torch.bool, device=b.device)),
+    "out long": lambda b: torch.pow(
+        b, False, out=torch.empty(3, dtype=torch.long, device=b.device)
+    ),
+    "then arithmetic": lambda b: torch.pow(b, True) * 2 + torch.pow(b, False),
+    "int exponent": lambda b: torch.pow(b, 2),
+    "float exponent": lambda b: torch.pow(b, 0.5),
+    "int base": lambda b: torch.pow(b.long(), True),
+    "bool exponent of an int": lambda b: torch.pow(3, b),
+}
+
+
+@pytest.mark.parametrize("name", list(BOOL_POWS))
+def test_bool_pow_matches_eager(name):
+    values = torch.tensor([True, False, True])
+    result = _same_as_eager(lambda d: BOOL_POWS[name](values.to(d)))
+    assert isinstance(result, list)
