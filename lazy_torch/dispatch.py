@@ -31,7 +31,7 @@ from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
 from lazy_torch import tensor as _tensor
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
-from lazy_torch.eager_checks import eager_memo_rule
+from lazy_torch.eager_checks import check_inplace_overlap, eager_memo_rule
 from lazy_torch.foreach import foreach_handler
 from lazy_torch.resize import become, fallback_out_variant, out_variant
 from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, meta_of, wrap
@@ -655,6 +655,7 @@ def _inplace(functional: Any) -> Handler:
             # Meta kernels refuse some resizes eager makes (``addbmm_`` on a 1-element self).
             check_like_eager(func, args, kwargs)
             eager_resizes = True
+        check_inplace_overlap(func, args, kwargs)  # meta kernels never look at memory
         result = dispatch(functional, args, kwargs)
         if eager_resizes and result.shape != self.shape:
             return become(self, result.to(self.dtype))

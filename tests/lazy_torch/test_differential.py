@@ -40,13 +40,6 @@ KNOWN_FAILURES: dict[str, Known] = {
         kinds=("binary_scalar", "scalar_fn", "inplace"),
         eager_error="Integers to negative integer",
     ),
-    "partial_overlap": Known(
-        "An in-place op whose other input partly overlaps the written tensor: eager raises "
-        "RuntimeError ('some elements of the input tensor and the written-to tensor refer to a "
-        "single memory location'), lazy writes: x = torch.ones(1, 5); x.sub_(x[:, 0]).",
-        kinds=("inplace", "out_right"),
-        eager_error="some elements of the input tensor and the written-to",
-    ),
     "bool_times_inf": Known(
         "XLA's algebraic simplifier rewrites multiply(convert(bool), x) as select(bool, x, 0), "
         "and a division by a constant as a multiplication by its reciprocal, so False * inf "

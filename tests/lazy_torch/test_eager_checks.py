@@ -136,3 +136,58 @@ def test_bool_pow_matches_eager(name):
     values = torch.tensor([True, False, True])
     result = _same_as_eager(lambda d: BOOL_POWS[name](values.to(d)))
     assert isinstance(result, list)
+
+
+# ----------------------------------------------------------------------------------------------
+# In-place ops whose input shares memory with the written tensor.
+
+OVERLAPS = {
+    "partial column": lambda x: x[:1].sub_(x[:1, 0]),
+    "shifted": lambda x: x[0, 1:].mul_(x[0, :-1]),
+    "transposed self": lambda x: x[:, :2].contiguous().view(2, 2).add_(x[:, :2].t()),
+    "clamp bound": lambda x: x[0].clamp_(min=x[0, 2:3]),
+    "lerp weight": lambda x: x[0].lerp_(x[1], x[0, :1]),
+    "addcmul": lambda x: x[0].addcmul_(x[1], x[0, 1:2]),
+    "masked_fill value": lambda x: x[0].masked_fill_(x[1] > 6, x[0, 0]),
+    "dtype view": lambda x: x.view(torch.int32)[0, :2].add_(x.view(torch.int32)[0, 1:3]),
+    "scatter from self": lambda x: x.scatter_(0, x[:1].long() * 0, x),
+    "index_add from self": lambda x: x.index_add_(0, torch.arange(2, device=x.device), x),
+    # Full overlap and disjoint views are fine.
+    "self": lambda x: x.add_(x),
+    "same view": lambda x: x.mul_(x[:]),
+    "other row": lambda x: x[0].mul_(x[1]),
+    "empty": lambda x: x[0, :0].add_(x[0, :0]),
+    "matmul": lambda x: x[:, :2].addmm_(x[:, :2], x[:, 2:4]),
+}
+
+
+@pytest.mark.parametrize("name", list(OVERLAPS))
+def test_inplace_overlap_matches_eager(name):
+    def run(device):
+        x = torch.arange(10.0, device=device).reshape(2, 5)
+        OVERLAPS[name](x)
+        return x
+
+    _same_as_eager(run)
+
+
+def test_inplace_overlap_refusal_keeps_the_target():
+    x = torch.ones(1, 5, device=DEV)
+    with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to"):
+        x.sub_(x[:, 0])
+    assert x.cpu().tolist() == [[1.0] * 5]
+
+
+def test_inplace_overlap_replays_once_per_layout(monkeypatch):
+    calls = []
+    replay = eager_checks._replay_aliased
+    monkeypatch.setattr(eager_checks, "_replay_aliased", lambda *a: calls.append(1) or replay(*a))
+    for _ in range(3):
+        x = torch.ones(3, 11, device=DEV)
+        x.add_(x)
+        x[0].add_(x[1])
+    assert len(calls) == 2
+    y = torch.ones(11, device=DEV)
+    for _ in range(3):  # no shared storage: no replay
+        y.add_(torch.ones(11, device=DEV))
+    assert len(calls) == 2
