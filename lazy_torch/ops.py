@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from lazy_torch import indexing, rng, sites  # noqa: F401 (indexing registers its handlers)
+from lazy_torch import eager_checks, indexing, rng, sites  # noqa: F401 (indexing registers its handlers)
 from lazy_torch.dispatch import (
     NATIVE_RECORD,
     NATIVE_SHARE,
@@ -122,6 +122,7 @@ def _copy_into(self: LazyTensor, src: torch.Tensor) -> LazyTensor:
 def _copy_(func, args, kwargs):
     self, src = args[0], args[1]
     if isinstance(self, LazyTensor):
+        eager_checks.check_inplace_overlap(func, args, kwargs)  # x[1:].copy_(x[:-1]) raises
         return _copy_into(self, src)
     return self.copy_(to_cpu(src), *args[2:], **kwargs)
 

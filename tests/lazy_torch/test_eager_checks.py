@@ -191,3 +191,14 @@ def test_inplace_overlap_replays_once_per_layout(monkeypatch):
     for _ in range(3):  # no shared storage: no replay
         y.add_(torch.ones(11, device=DEV))
     assert len(calls) == 2
+
+
+def test_copy_between_partly_overlapping_views_raises_as_eager():
+    for device in ("cpu", "lazy"):
+        x = torch.arange(6.0, device=device).view(2, 3)
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            x[0, 1:].copy_(x[0, :-1])
+        y = torch.arange(6.0, device=device)
+        y.copy_(y)  # full overlap and disjoint halves are fine
+        y[:3].copy_(y[3:])
+        assert y.cpu().tolist() == [3.0, 4.0, 5.0, 3.0, 4.0, 5.0]
