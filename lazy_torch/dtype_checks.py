@@ -2,8 +2,8 @@
 shape-memo entry on 1-element CPU stand-ins of its tensors, and eager's error is raised when it
 depends only on dtypes and on the types of Scalar arguments.
 
-A stand-in keeps its tensor's dtype and number of dims (type promotion and the kernel eager picks
-depend on both), but not its size: a shape error it causes is ignored, so only errors that no
+A stand-in keeps its tensor's dtype and shape (zeros); for large pointwise ops, its dtype and
+number of dims only (type promotion and the kernel eager picks depend on both). Only errors that no
 shape or tensor value decides count (``_TRUSTED``). Only aten ops are replayed, and not those that
 draw random numbers: they would advance eager's CPU generator.
 """
@@ -32,13 +32,27 @@ _TRUSTED = {
 }
 
 
-def _standin(v: Any) -> Any:
+# Arguments of at most this many elements in all are replayed at their own shapes (as zeros, as
+# _raise_eager_error in dispatch.py does); larger ones only for pointwise ops, at 1 element each:
+# a kernel of another kind may read past a stand-in smaller than its other arguments say.
+_FULL_SIZE_MAX = 1 << 16
+
+
+def _numel(v: Any) -> int:
     if isinstance(v, torch.Tensor) and v.device.type == "meta":
-        if v.numel() == 0:  # eager may skip an empty tensor's kernel: keep it empty
-            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+        return v.numel()
+    if isinstance(v, (list, tuple)):
+        return sum(_numel(x) for x in v)
+    return 0
+
+
+def _standin(v: Any, full: bool) -> Any:
+    if isinstance(v, torch.Tensor) and v.device.type == "meta":
+        if full or v.numel() == 0:  # eager may skip an empty tensor's kernel: keep it empty
+            return torch.zeros(v.shape, dtype=v.dtype)
         return torch.zeros((1,) * v.dim(), dtype=v.dtype)
     if isinstance(v, (list, tuple)):
-        return type(v)(_standin(x) for x in v)
+        return type(v)(_standin(x, full) for x in v)
     if isinstance(v, torch.device) and v.type == "meta":
         return torch.device("cpu")
     return v
@@ -57,10 +71,13 @@ def check(func: Any, margs: tuple, mkwargs: dict) -> None:
         return  # another library's op (a collective) may wait for peers; a random one draws
     if not (_has_tensor(margs) or _has_tensor(tuple(mkwargs.values()))):
         return  # a factory: its size is what its arguments say, and dtypes rarely fail
+    full = _numel((margs, tuple(mkwargs.values()))) <= _FULL_SIZE_MAX
+    if not full and torch.Tag.pointwise not in func.tags:
+        return
     try:
         with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            func(*_standin(margs), **{k: _standin(v) for k, v in mkwargs.items()})
+            func(*_standin(margs, full), **{k: _standin(v, full) for k, v in mkwargs.items()})
     except Exception as e:  # noqa: BLE001 (whatever eager raises is judged below)
         pattern = _TRUSTED.get(type(e))
         if pattern is not None and pattern.search(str(e)):

@@ -95,3 +95,10 @@ def test_values_do_not_decide_a_checked_call():
         got = _l("lazy").add(_l("lazy"), alpha=alpha)
         assert got.cpu().tolist() == _l("cpu").add(_l("cpu"), alpha=alpha).tolist()
     assert _f("lazy").add(_f("lazy"), alpha=0.5).cpu().tolist() == [2.25, -3.0]
+
+
+def test_large_pointwise_call_is_checked_on_small_standins():
+    x = torch.ones(300, 300, device="lazy")  # past the size replayed at full shape
+    with pytest.raises(NotImplementedError, match="\"bitwise_or_cpu\" not implemented for 'Float'"):
+        x | 2
+    assert (x + 1).sum().item() == 180000.0
