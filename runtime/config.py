@@ -56,3 +56,8 @@ FUSE_LINEAR: bool = _flag("LAZY_FUSE_LINEAR", default=True)
 # takes the GIL from tracing: timing every execution cost about a tenth of a 2-core CPU's MLP step
 # (1.40x JAX's step time against 1.27x untimed, ten alternating rounds in one process).
 TIME_EXECUTIONS: int = max(1, int(os.environ.get("LAZY_TIME_EXECUTIONS", "8").strip() or 8))
+# The most compiled executables kept in memory (least recently used ones go first; a later use
+# compiles again). On the CPU platform each holds about 3.3 memory mappings of JIT code, and a
+# process that reaches Linux's default limit of 65,530 mappings (about 20,000 executables) crashes
+# inside XLA's compiler: a long test run did.
+EXECUTABLES: int = max(1, int(os.environ.get("LAZY_EXECUTABLES", "4096").strip() or 4096))

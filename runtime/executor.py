@@ -56,7 +56,8 @@ def _restorer(order: tuple[int, ...]) -> Callable[[list], tuple]:
     return tuple if len(inverse) == 1 else operator.itemgetter(*inverse)
 
 
-_cache: dict[Any, Executable] = {}
+# Least recently used first; at most config.EXECUTABLES.
+_cache: collections.OrderedDict[Any, Executable] = collections.OrderedDict()
 _donations = Donations()
 _launcher = Launcher()
 _in_flight: list[Any] = []  # the outputs of the last launch
@@ -296,8 +297,12 @@ def run_graph(
     hit = exe is not None
     if hit:
         metrics.count("cache_hits")
+        _cache.move_to_end(key)
     else:
         exe = _cache[key] = _compile(graph, device_index, donate, cause, site, order, spares)
+        while len(_cache) > config.EXECUTABLES:
+            _cache.popitem(last=False)
+            metrics.count("executables_evicted")
         if recycles:
             _donations.compiled(graph.key, plan)
     values = [*_param_values(graph, exe, device_index), *plan.values]
