@@ -316,6 +316,7 @@ def memo_key(name: str, args_t: tuple, kwargs_t: tuple, keys: list) -> tuple[str
 
 
 def _to_meta(v: Any, cpu_scalars: bool = False) -> Any:
+    """``v`` with lazy tensors (and, with ``cpu_scalars``, 0-dim CPU tensors) as meta tensors."""
     if isinstance(v, LazyTensor):
         shape, stride, offset, dtype = v._meta
         if not offset:

@@ -11,10 +11,11 @@ draw random numbers: they would advance eager's CPU generator.
 from __future__ import annotations
 
 import re
-import warnings
 from typing import Any
 
 import torch
+
+from lazy_torch.eager_checks import replay
 
 # RuntimeErrors eager's kernels raise for a dtype, or for the type of a Scalar argument.
 _DTYPE_MESSAGES = (
@@ -46,16 +47,10 @@ def _numel(v: Any) -> int:
     return 0
 
 
-def _standin(v: Any, full: bool) -> Any:
-    if isinstance(v, torch.Tensor) and v.device.type == "meta":
-        if full or v.numel() == 0:  # eager may skip an empty tensor's kernel: keep it empty
-            return torch.zeros(v.shape, dtype=v.dtype)
-        return torch.zeros((1,) * v.dim(), dtype=v.dtype)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_standin(x, full) for x in v)
-    if isinstance(v, torch.device) and v.type == "meta":
-        return torch.device("cpu")
-    return v
+def _standin(t: torch.Tensor, full: bool) -> torch.Tensor:
+    if full or t.numel() == 0:  # eager may skip an empty tensor's kernel: keep it empty
+        return torch.zeros(t.shape, dtype=t.dtype)
+    return torch.zeros((1,) * t.dim(), dtype=t.dtype)
 
 
 def _has_tensor(v: Any) -> bool:
@@ -74,12 +69,8 @@ def check(func: Any, margs: tuple, mkwargs: dict) -> None:
     full = _numel((margs, tuple(mkwargs.values()))) <= _FULL_SIZE_MAX
     if not full and torch.Tag.pointwise not in func.tags:
         return
-    try:
-        with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            func(*_standin(margs, full), **{k: _standin(v, full) for k, v in mkwargs.items()})
-    except Exception as e:  # noqa: BLE001 (whatever eager raises is judged below)
-        pattern = _TRUSTED.get(type(e))
-        if pattern is not None and pattern.search(str(e)):
-            e.eager_dtype_error = True  # not a missing lowering: no CPU fallback
-            raise e.with_traceback(None) from None
+    e = replay(func, margs, mkwargs, lambda t: _standin(t, full))
+    pattern = _TRUSTED.get(type(e))
+    if pattern is not None and pattern.search(str(e)):
+        e.eager_dtype_error = True  # not a missing lowering: no CPU fallback
+        raise e.with_traceback(None) from None

@@ -27,7 +27,7 @@ aten = torch.ops.aten
 # Replays on stand-ins of meta arguments.
 
 
-def _replay(func: Any, margs: Any, mkwargs: dict, standin: Callable) -> Any:
+def replay(func: Any, margs: Any, mkwargs: dict, standin: Callable) -> Any:
     """``func`` run by eager CPU PyTorch on ``standin(t)`` for each meta tensor ``t``: its result,
     or the exception it raised."""
 
@@ -50,18 +50,23 @@ def _is_empty_meta(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.numel() == 0
 
 
-def _empty_standin(t: torch.Tensor) -> torch.Tensor:
-    """An empty tensor as itself (it costs nothing); any other as zeros taking no memory."""
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def standin(t: torch.Tensor, fill: int = 0) -> torch.Tensor:
+    """A CPU tensor of ``t``'s shape and dtype that takes no memory of its size (read only): an
+    empty one as itself, with the strides some of eager's messages name; integer tensors
+    (indices) hold ``fill``, others zeros."""
     if t.numel() == 0:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
-    return torch.zeros((), dtype=t.dtype).expand(t.shape)
+    return torch.full((), fill if t.dtype in _INDEX_DTYPES else 0, dtype=t.dtype).expand(t.shape)
 
 
 def _empty_reduction(func: Any, margs: tuple, mkwargs: dict, result: Any) -> Any:
     """Reductions with no identity: eager refuses an empty reduced dimension (``max(): Expected
     reduction dim 0 to have non-zero size``), their meta kernels do not."""
     if any(_is_empty_meta(a) for a in margs):
-        error = _replay(func, margs, mkwargs, _empty_standin)
+        error = replay(func, margs, mkwargs, standin)
         if isinstance(error, Exception):
             raise error.with_traceback(None) from None
     return result
@@ -84,7 +89,7 @@ def _bool_pow(func: Any, margs: tuple, mkwargs: dict, result: Any) -> Any:
     for a bool tensor exponent: dtype_checks.py raises its error.)"""
     if not all(_is_bool(a) for a in margs):
         return result
-    eager = _replay(func, margs, mkwargs, _tiny_standin)
+    eager = replay(func, margs, mkwargs, _tiny_standin)
     if isinstance(eager, Exception) or eager.dtype == result.dtype:
         return result
     return torch.empty_strided(result.shape, result.stride(), dtype=eager.dtype, device="meta")

@@ -28,6 +28,7 @@ from lazy_torch.dispatch import (
     recorded,
     special,
 )
+from lazy_torch.eager_checks import standin
 from lazy_torch.tensor import LazyTensor, dense_meta, to_cpu, upload
 
 aten = torch.ops.aten
@@ -39,7 +40,6 @@ aten = torch.ops.aten
 # saves replays.
 _accepted: set = set()
 _ACCEPTED_MAX = 4096
-_INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 def _signature(v: Any) -> Any:
@@ -56,13 +56,8 @@ def _signature(v: Any) -> Any:
 
 
 def _standin(v: Any, fill: int) -> Any:
-    """A CPU tensor of ``v``'s shape and dtype that takes no memory of its size (read only):
-    integer tensors (indices) hold ``fill``, others zeros."""
     if isinstance(v, torch.Tensor):
-        if v.numel() == 0:  # costs nothing, with the strides some of eager's messages name
-            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
-        value = fill if v.dtype in _INDEX_DTYPES else 0
-        return torch.full((), value, dtype=v.dtype).expand(v.shape)
+        return standin(v, fill)
     if isinstance(v, (list, tuple)):
         return type(v)(_standin(x, fill) for x in v)
     return v

@@ -7,6 +7,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 import lazy_torch
+from tests.lazy_torch.compare import assert_same_tensor
 
 _RESIZED = "An output with one or more elements was resized since it had shape"
 
@@ -41,13 +42,7 @@ def _check(program):
             assert g == e
             continue
         assert g.device.type == "lazy"
-        assert (g.shape, g.stride(), g.storage_offset(), g.dtype) == (
-            e.shape,
-            e.stride(),
-            e.storage_offset(),
-            e.dtype,
-        )
-        torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-6)
+        assert_same_tensor(g, e)
     return eager
 
 

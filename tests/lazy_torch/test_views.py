@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import lazy_torch
+from tests.lazy_torch.compare import assert_same_tensor
 
 
 def _both(program):
@@ -18,13 +19,7 @@ def _check(program):
     eager = eager if isinstance(eager, (tuple, list)) else (eager,)
     lazy = lazy if isinstance(lazy, (tuple, list)) else (lazy,)
     for e, g in zip(eager, lazy):
-        assert (g.shape, g.stride(), g.storage_offset(), g.dtype) == (
-            e.shape,
-            e.stride(),
-            e.storage_offset(),
-            e.dtype,
-        )
-        torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-6)
+        assert_same_tensor(g, e)
 
 
 def test_permute_add_updates_base():
