@@ -136,6 +136,10 @@ def _boolean(reduce):
 
 lowering("aten.any.default", "aten.any.dim", "aten.any.dims")(_boolean(jnp.any))
 lowering("aten.all.default", "aten.all.dim", "aten.all.dims")(_boolean(jnp.all))
+# torch._is_all_true/_is_any_true (distributions' argument checks): a bool 0-d result over every
+# element of a bool tensor; eager's own check rejects other dtypes when the node is recorded.
+lowering("aten._is_all_true.default")(_boolean(jnp.all))
+lowering("aten._is_any_true.default")(_boolean(jnp.any))
 
 
 # --- moments ---------------------------------------------------------------------------------
