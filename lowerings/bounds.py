@@ -124,15 +124,23 @@ class _Targets:
     dim: int  # the input's dim of classes, for an input of 2+ dims (else 0)
     low: int = 0
     ignore: int | None = None
+    input: int = 0  # argument positions of the input and the targets
+    target: int = 1
 
     def error(self, index: int, dim: int, size: int) -> Exception:
         return self.kind(self.message.format(index=index))
 
 
 _NLL = _Targets(IndexError, "Target {index} is out of bounds.", dim=1, ignore=4)
+# The backward ops (grad_output first) check as the forward does. Eager's CPU kernels skip the check
+# for reduction='none' (nll_loss of a 2-d input, nll_loss2d) and write outside the target's row or
+# past the buffer: no result to match, so we raise the error of every other case.
+_NLL_BACKWARD = dataclasses.replace(_NLL, ignore=5, input=1, target=2)
 TARGETS: dict[str, _Targets] = {
     "aten.nll_loss_forward.default": _NLL,
     "aten.nll_loss2d_forward.default": _NLL,
+    "aten.nll_loss_backward.default": _NLL_BACKWARD,
+    "aten.nll_loss2d_backward.default": _NLL_BACKWARD,
     "aten.multi_margin_loss.default": _Targets(RuntimeError, "target out of range", dim=-1),
     "aten.multilabel_margin_loss_forward.default": _Targets(
         RuntimeError, "argument #2 'target' is out of range", dim=-1, low=-1
@@ -241,7 +249,7 @@ def _any(bad: Any, error: _Message) -> tuple[Any, tuple[_Message, int, int]]:
 
 
 def _target_check(entry: _Targets, args: tuple) -> tuple[Any, tuple[_Targets, int, int]]:
-    x, target = args[0], jnp.reshape(args[1], (-1,)).astype(jnp.int64)
+    x, target = args[entry.input], jnp.reshape(args[entry.target], (-1,)).astype(jnp.int64)
     classes = x.shape[entry.dim] if x.ndim > 1 else x.shape[0] if x.ndim else 1
     if target.size == 0:
         return jnp.zeros((2,), jnp.int64), (entry, 0, classes)

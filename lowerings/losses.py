@@ -166,7 +166,8 @@ def _class_axis(x: Any) -> int:
 
 
 def _target_weights(target, weight, ignore_index, dtype):
-    """Per-target class weight (0 where ignored) and a target safe to index with."""
+    """Per-target class weight (0 where ignored) and a target safe to index with (an out-of-range
+    target raises eager's error through bounds.TARGETS; clipping only keeps the gathers defined)."""
     ignored = target == ignore_index
     safe = jnp.where(ignored, 0, target)
     w = jnp.ones(safe.shape, dtype) if weight is None else jnp.take(weight, safe, mode="clip")
