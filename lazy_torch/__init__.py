@@ -23,6 +23,7 @@ from lazy_torch import (  # noqa: F401
     meta_kernels,
     metrics,
     ops,
+    serialization,
 )
 from lazy_torch.data import DeviceLoader, to_device
 from lazy_torch.foreach import declare_foreach_support

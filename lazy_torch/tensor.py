@@ -13,7 +13,7 @@ import runtime
 from lazy_core import Node, Storage, View, data_leaf
 from lazy_core.ir import _native as _built_native
 from lazy_torch import _wrapper
-from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy
+from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy, torch_dtype
 from lazy_torch.sync import sync
 
 # The per-op fast path in C, unless it was not built or LAZY_NATIVE=0 turns it off.
@@ -86,8 +86,17 @@ class LazyTensor(torch.Tensor):
                 "Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
                 "protocol at the moment."
             )
-        with torch.no_grad():
-            new = self.clone()
+        # As eager's: tensors of one storage share one copy of it, so a view stays a view of the
+        # copy of its base, with its own strides.
+        storage = self._lazy.storage
+        copied = memo.get(id(storage))
+        if copied is None:
+            node = storage.node
+            base = wrap(storage, dense_meta(node.shape, torch_dtype(node.dtype)))
+            with torch.no_grad():
+                copied = memo[id(storage)] = base.clone()._lazy.storage
+        steps = self._lazy.steps
+        new = wrap(View(copied, steps) if steps else copied, self._meta)
         if self.requires_grad:
             new.requires_grad_()
         if self.grad is not None:
@@ -138,9 +147,8 @@ class LazyTensor(torch.Tensor):
         return str(self)
 
     def __reduce_ex__(self, protocol):
-        # As PyTorch pickles XLA tensors: the values as a CPU tensor, rebuilt by PyTorch's own
-        # functions (allowed under weights_only), which put them back on this device at load, or
-        # where map_location says. A parameter stays a parameter, as eager's do.
+        # As PyTorch pickles CUDA tensors and parameters (serialization.py): a parameter stays
+        # a parameter, and a tensor is rebuilt from its storage, offset and strides.
         if getattr(self, "_is_param", False):
             state = {
                 k: v for k, v in self.__dict__.items() if k not in ("_lazy", "_meta", "_is_param")
@@ -149,11 +157,9 @@ class LazyTensor(torch.Tensor):
             if state:
                 return (torch._utils._rebuild_parameter_with_state, (*args, state))
             return (torch._utils._rebuild_parameter, args)
-        cpu = to_cpu(self, cause="save")
-        return (
-            torch._utils._rebuild_device_tensor_from_cpu_tensor,
-            (cpu, self.dtype, str(self.device), self.requires_grad),
-        )
+        from lazy_torch import serialization
+
+        return serialization.reduce(self)
 
 
 if extension is not None:
