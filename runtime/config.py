@@ -57,7 +57,20 @@ FUSE_LINEAR: bool = _flag("LAZY_FUSE_LINEAR", default=True)
 # (1.40x JAX's step time against 1.27x untimed, ten alternating rounds in one process).
 TIME_EXECUTIONS: int = max(1, int(os.environ.get("LAZY_TIME_EXECUTIONS", "8").strip() or 8))
 # The most compiled executables kept in memory (least recently used ones go first; a later use
-# compiles again). On the CPU platform each holds about 3.3 memory mappings of JIT code, and a
-# process that reaches Linux's default limit of 65,530 mappings (about 20,000 executables) crashes
-# inside XLA's compiler: a long test run did.
+# compiles again). On the CPU platform each holds memory mappings of JIT code: 3 for an add, over
+# 100 for a sort; a process that reaches Linux's limit (vm.max_map_count, 65,530 by default)
+# crashes inside XLA's compiler, as two CI runs did. So the cache also sheds its older half
+# whenever the process holds more than MAPPINGS mappings (default: half the limit; checked every
+# 16 compiles, on Linux).
 EXECUTABLES: int = max(1, int(os.environ.get("LAZY_EXECUTABLES", "4096").strip() or 4096))
+
+
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0  # not Linux: no such limit
+
+
+MAPPINGS: int = int(os.environ.get("LAZY_MAPPINGS", "").strip() or _map_limit() // 2)

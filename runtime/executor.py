@@ -300,9 +300,7 @@ def run_graph(
         _cache.move_to_end(key)
     else:
         exe = _cache[key] = _compile(graph, device_index, donate, cause, site, order, spares)
-        while len(_cache) > config.EXECUTABLES:
-            _cache.popitem(last=False)
-            metrics.count("executables_evicted")
+        _bound_cache()
         if recycles:
             _donations.compiled(graph.key, plan)
     values = [*_param_values(graph, exe, device_index), *plan.values]
@@ -341,6 +339,29 @@ def run_graph(
     elif not graph.params:
         _keep_constant(graph.key, tuple(outputs))
     return tuple(outputs)
+
+
+_compiled = [0]
+
+
+def _bound_cache() -> None:
+    """Keep at most ``config.EXECUTABLES`` executables, and shed the least recently used half when
+    the process holds more than ``config.MAPPINGS`` memory mappings (their JIT code)."""
+    excess = len(_cache) - config.EXECUTABLES
+    _compiled[0] += 1
+    if config.MAPPINGS and _compiled[0] % 16 == 0 and _mappings() > config.MAPPINGS:
+        excess = max(excess, len(_cache) // 2)
+    for _ in range(excess):
+        _cache.popitem(last=False)
+        metrics.count("executables_evicted")
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return 0
 
 
 def _execute(exe: Executable, values: list, graph: Graph) -> tuple:

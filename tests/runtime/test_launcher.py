@@ -205,3 +205,20 @@ def test_the_executable_cache_keeps_the_most_recently_used(monkeypatch):
     assert lazy_torch.metrics.counters()["compiles"] == compiles + 1
     program(105)  # kept: a cache hit
     assert lazy_torch.metrics.counters()["compiles"] == compiles + 1
+
+
+def test_the_executable_cache_sheds_half_when_the_process_holds_too_many_mappings(monkeypatch):
+    # A count alone does not bound the mappings: a sort's executable holds dozens, an add's three.
+    import torch
+
+    import lazy_torch
+    from runtime import config, executor
+
+    monkeypatch.setattr(config, "MAPPINGS", 1)  # always over: every 16th compile sheds half
+    lazy_torch.metrics.reset()
+    for n in range(201, 249):
+        got = torch.arange(n, dtype=torch.float64, device="lazy").neg().cpu()
+        torch.testing.assert_close(got, -torch.arange(n, dtype=torch.float64))
+    assert lazy_torch.metrics.counters()["executables_evicted"] >= 16
+    assert executor.cache_size() <= 48 - 16
+    assert executor._mappings() > 0  # Linux: the count the rule reads is there
