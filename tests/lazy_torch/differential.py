@@ -467,10 +467,12 @@ VOCABULARY: dict[str, Kind] = {
     )),
     "unary": Kind(3, ("{out} = {a}.{unary}",) * 4 + ("{out} = {a}.type_as({x})",)),
     "reduce": Kind(6, tuple("{out} = {a}." + r for r in REDUCTIONS)),
+    # Which of equal elements an unstable sort or topk picks is left open by PyTorch: only what it
+    # specifies is compared (a stable sort's indices, topk's values).
     "reduce_pair": Kind(2, (
         "{out}, {out2} = {a}.max({d}, keepdim={k})", "{out}, {out2} = {a}.min({d}, keepdim={k})",
-        "{out}, {out2} = {a}.sort({d})", "{out}, {out2} = {a}.cummax({d})",
-        "{out}, {out2} = {a}.topk({topk})",
+        "{out}, {out2} = {a}.sort({d}, stable=True)", "{out}, {out2} = {a}.cummax({d})",
+        "{out} = {a}.topk({topk}).values",
     )),
     "view": Kind(5, tuple("{out} = {a}" + v for v in (
         ".view({factor})", ".reshape({factor})", ".view(-1)", ".unsqueeze({newdim})",

@@ -1,4 +1,10 @@
-"""Tests for lowerings/sorting.py: every lowering against eager CPU PyTorch, ties included."""
+"""Tests for lowerings/sorting.py: every lowering against eager CPU PyTorch, ties included.
+
+PyTorch specifies the order of equal elements only for sort(stable=True). Where it leaves the
+choice open (sort and argsort with stable=False, the indices of topk, kthvalue, median, nanmedian
+and mode, the order of topk(sorted=False), and which of several most frequent values mode gives),
+``check_ties`` and ``check_mode`` assert only what is specified.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +30,11 @@ def with_nan(shape, seed=0):
     return x.masked_fill(x == 3, NAN)
 
 
+# NaN of either sign sorts above +inf; -0.0 equals 0.0.
+ODD_FLOATS = torch.tensor([[INF, -NAN, -INF, 0.0, NAN, -0.0, 1.0, -1.0, NAN, -NAN, 0.0]])
+INT_EXTREMES = torch.tensor([[5, 2**62, -(2**63), 2**63 - 1, -(2**63), 0]])
+
+
 def signed_zeros(shape, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.zeros(shape).masked_fill(torch.rand(shape, generator=g) < 0.5, -0.0)
@@ -35,52 +46,110 @@ def check_signs(op, *args, **kwargs):
     expected, got = run_lowering(op, *args, **kwargs)
     expected = expected if isinstance(expected, (tuple, list)) else (expected,)
     for e, g in zip(expected, got):
-        assert torch.equal(e, g), (e, g)
-        if e.is_floating_point():
-            assert torch.equal(torch.signbit(e), torch.signbit(g)), (e, g)
+        _same_bits(g, e)
+
+
+def _same_bits(got, expected):
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    if got.is_floating_point():
+        assert torch.equal(torch.signbit(got), torch.signbit(expected)), (got, expected)
+
+
+def _lowered_and_eager(dim, op, x, /, *args, **kwargs):
+    """(rows of ``x``, eager's (values, indices), the lowering's), all with ``dim`` last and
+    reduced dims kept."""
+    expected, got = run_lowering(op, x, *args, **kwargs)
+    for e, g in zip(expected, got):
+        assert (g.dtype, g.shape) == (e.dtype, e.shape)
+
+    def along(t):
+        if x.dim() == 0:
+            return t.reshape(1)
+        if t.dim() < x.dim():
+            t = t.unsqueeze(dim % x.dim())
+        return t.movedim(dim, -1)
+
+    return along(x), tuple(map(along, expected)), tuple(map(along, got))
+
+
+def _occurrences(rows, values):
+    """How often each of ``values`` occurs in its row (all NaNs count as equal)."""
+    equal = rows.unsqueeze(-2) == values.unsqueeze(-1)
+    if rows.is_floating_point():
+        equal |= rows.unsqueeze(-2).isnan() & values.unsqueeze(-1).isnan()
+    return equal.sum(-1)
+
+
+def check_ties(dim, op, x, /, *args, unordered=False, **kwargs):
+    """``op`` picks (values, indices) along ``dim`` of ``x``, free to choose among equal elements:
+    eager's values, indices of distinct elements holding exactly those values (sign of zero
+    included), and eager's index wherever the value occurs once in its row. ``unordered``: the
+    order of the picked elements is open too (topk with sorted=False)."""
+    rows, (e_val, e_idx), (g_val, g_idx) = _lowered_and_eager(dim, op, x, *args, **kwargs)
+    if unordered:
+        e_order, g_order = (v.sort(dim=-1, stable=True).indices for v in (e_val, g_val))
+        e_val, e_idx = e_val.gather(-1, e_order), e_idx.gather(-1, e_order)
+        g_val, g_idx = g_val.gather(-1, g_order), g_idx.gather(-1, g_order)
+    torch.testing.assert_close(g_val, e_val, rtol=0, atol=0, equal_nan=True)
+    _same_bits(rows.gather(-1, g_idx), g_val)
+    picked = g_idx.sort(-1).values
+    assert (picked[..., 1:] != picked[..., :-1]).all(), g_idx
+    once = _occurrences(rows, e_val) == 1
+    assert torch.equal(g_idx[once], e_idx[once]), (g_idx, e_idx)
+
+
+def check_mode(x, dim=-1, keepdim=False):
+    """mode gives a most frequent value of each row (which one, when several are, is open) and
+    an index holding it."""
+    rows, (e_val, _), (g_val, g_idx) = _lowered_and_eager(dim, aten.mode.default, x, dim, keepdim)
+    assert torch.equal(_occurrences(rows, g_val), _occurrences(rows, e_val))
+    _same_bits(rows.gather(-1, g_idx), g_val)
 
 
 # --- sort ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("descending", [False, True])
-def test_sort_short_rows_are_stable(descending):
-    # Up to 16 elements std::sort is an insertion sort: stable.
-    check_lowering(aten.sort.default, with_nan((64, 16)), 1, descending)
-    check_lowering(aten.sort.default, ties((5, 5, 5), dtype=torch.int64), -3, descending)
-    check_lowering(aten.sort.default, ties((9, 7), levels=2, dtype=torch.bool), 0, descending)
+def test_sort_stable_keeps_the_order_of_equal_elements(descending):
+    # NaN sorts above +inf; -0.0 and 0.0 are equal, so they keep their order and their signs.
+    kwargs = {"stable": True, "descending": descending}
+    check_lowering(aten.sort.stable, with_nan((16, 300)), dim=1, **kwargs)
+    check_lowering(aten.sort.stable, ties((17, 40), dtype=torch.int8), dim=0, **kwargs)
+    check_lowering(aten.sort.stable, ties((1000,), levels=2, dtype=torch.bool), **kwargs)
+    check_lowering(aten.sort.stable, ties((5, 5, 5), dtype=torch.int64), dim=-3, **kwargs)
+    check_lowering(aten.sort.stable, ties((4, 40), dtype=torch.uint8), dim=1, **kwargs)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        check_lowering(aten.sort.stable, with_nan((4, 40)).to(dtype), dim=1, **kwargs)
+    check_signs(aten.sort.stable, signed_zeros((2, 30)), dim=1, **kwargs)
+    check_signs(aten.sort.stable, ODD_FLOATS, **kwargs)
+    check_lowering(aten.sort.stable, INT_EXTREMES, **kwargs)
 
 
 @pytest.mark.parametrize("descending", [False, True])
-def test_sort_replays_std_sort(descending):
-    # Longer rows with ties: eager leaves equal elements where libstdc++'s introsort does.
-    check_lowering(aten.sort.default, with_nan((16, 300)), 1, descending)
-    check_lowering(aten.sort.default, ties((17, 40), dtype=torch.int8), 0, descending)
-    check_lowering(aten.sort.default, ties((1000,), levels=2, dtype=torch.bool), 0, descending)
-    check_lowering(aten.sort.default, make((2, 50)), 1, descending)
+def test_sort_unstable(descending):
+    # Eager's order of equal elements comes from libstdc++'s introsort (an insertion sort up to
+    # 16 elements, fbgemm's radix sort for long 1-d integers): not specified.
+    check_ties(1, aten.sort.default, with_nan((16, 300)), 1, descending)
+    check_ties(0, aten.sort.default, ties((17, 40), dtype=torch.int8), 0, descending)
+    check_ties(0, aten.sort.default, ties((1000,), levels=2, dtype=torch.bool), 0, descending)
+    check_ties(0, aten.sort.default, ties((32768,), dtype=torch.int64), 0, descending)
+    check_ties(1, aten.sort.default, signed_zeros((2, 30)), 1, descending)
+    check_ties(1, aten.sort.default, make((3, 40), torch.bfloat16), 1, descending)
+    check_ties(1, aten.sort.stable, ties((3, 40)), stable=None, dim=1, descending=descending)
+    check_ties(0, aten.sort.stable, ties((40, 3)), stable=False, dim=0, descending=descending)
 
 
-def test_sort_stable():
+def test_sort_distinct_values():
+    # Without equal elements the order is specified, indices included.
     for descending in (False, True):
-        kwargs = {"stable": True, "dim": 1, "descending": descending}
-        check_lowering(aten.sort.stable, with_nan((3, 30)), **kwargs)
-        check_lowering(aten.sort.stable, ties((3, 40), dtype=torch.bool), **kwargs)
-    check_lowering(aten.sort.stable, ties((40, 3)), stable=False, dim=0, descending=True)
-    check_lowering(aten.sort.stable, make((4, 3)), stable=True)
-    check_lowering(aten.sort.stable, ties((3, 40)), stable=None, dim=1)
-
-
-def test_sort_radix_path_is_stable():
-    # 1-d ascending integers from 32768 elements take fbgemm's (stable) radix sort.
-    check_lowering(aten.sort.default, ties((32768,), dtype=torch.int64))
+        check_lowering(aten.sort.default, make((2, 50)), 1, descending)
+        check_lowering(aten.sort.default, make((5, 6, 7)), 1, descending)
 
 
 def test_sort_edge_cases():
     check_lowering(aten.sort.default, make(()))
     check_lowering(aten.sort.default, torch.zeros(3, 0), 1)
-    check_lowering(aten.sort.default, torch.tensor([INF, -INF, NAN, 0.0, -0.0, NAN, 1.0]))
-    check_lowering(aten.sort.default, make((3, 4), torch.bfloat16), 1, True)
-    check_signs(aten.sort.default, signed_zeros((2, 30)), 1, True)
+    check_lowering(aten.sort.stable, torch.zeros(0), stable=True, descending=True)
 
 
 # --- topk ------------------------------------------------------------------------------------
@@ -88,67 +157,57 @@ def test_sort_edge_cases():
 
 @pytest.mark.parametrize("largest", [True, False])
 @pytest.mark.parametrize("sorted", [True, False])
-def test_topk_nth_element_path(largest, sorted):
-    # k * 64 > n: std::nth_element, then std::sort of the first k - 1 when sorted.
-    check_lowering(aten.topk.default, make((64, 4)), 3, 1, largest, sorted)
-    check_lowering(aten.topk.default, ties((64, 10), dtype=torch.int64), 4, 1, largest, sorted)
-    check_lowering(aten.topk.default, with_nan((32, 10)), 1, -1, largest, sorted)
-    check_lowering(aten.topk.default, ties((8, 45)), 20, 1, largest, sorted)
+def test_topk(largest, sorted):
+    # Which of equal elements is picked is open ("not guaranteed to be stable"), and without
+    # sorted so is the order of the k: eager's come from std::partial_sort or nth_element.
+    def check(dim, x, k):
+        check_ties(dim, aten.topk.default, x, k, dim, largest, sorted, unordered=not sorted)
+
+    check(1, make((64, 4)), 3)
+    check(1, ties((64, 10), dtype=torch.int64), 4)
+    check(-1, with_nan((32, 10)), 1)
+    check(1, ties((8, 45)), 20)
+    check(1, ties((8, 130), levels=4), 2)
+    check(1, with_nan((4, 200)), 3)
+    check(1, with_nan((4, 200)), 190)
+    check(0, ties((40, 3), dtype=torch.int8), 5)
+    check(1, signed_zeros((2, 12)), 6)
+    check(1, ODD_FLOATS, 5)
+    check(1, INT_EXTREMES, 3)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64, torch.uint8):
+        check(1, ties((4, 30), levels=5, dtype=dtype), 5)
 
 
-@pytest.mark.parametrize("largest", [True, False])
-def test_topk_partial_sort_path(largest):
-    # k * 64 <= n: std::partial_sort, a heap select then a heap sort.
-    check_lowering(aten.topk.default, ties((8, 130), levels=4), 2, 1, largest)
-    check_lowering(aten.topk.default, with_nan((4, 200)), 3, 1, largest, False)
-    check_lowering(aten.topk.default, make((2, 200)), 3, 1, largest)
+def test_topk_distinct_values():
+    # Without equal elements the indices are specified too.
+    check_lowering(aten.topk.default, make((64, 40)), 5, 1)
+    check_lowering(aten.topk.default, make((64, 40)), 5, 1, False)
+    check_lowering(aten.topk.default, make((5, 10, 5)), 3, -2)
+    check_lowering(aten.topk.default, make((2, 200)), 30, 1)
+    check_lowering(aten.topk.default, make((2, 200)), 1, 1, False)
 
 
 def test_topk_edge_cases():
-    check_lowering(aten.topk.default, make((5, 10, 5)), 3, -2)
-    check_lowering(aten.topk.default, ties((3, 64)), 1)
     check_lowering(aten.topk.default, make((3, 4)), 0)
+    check_lowering(aten.topk.default, torch.zeros(3, 0), 0)
+    check_lowering(aten.topk.default, torch.zeros(0, 3), 2)
     check_lowering(aten.topk.default, make(()), 1)
     check_lowering(aten.topk.default, make(()), 0)  # the element itself, as k = 1
-    check_lowering(aten.topk.default, make((4, 6), torch.bfloat16), 2)
-    check_signs(aten.topk.default, signed_zeros((2, 12)), 6, 1, False)
-
-
-def test_topk_small_rows_regression():
-    # A partition that made no exchange once cut its segment at the wrong place.
-    check_lowering(aten.topk.default, make((200, 4), seed=5), 3, 1, True, False)
-
-
-# McIlroy's antiqsort adversary run against libstdc++: inputs that spend the depth budget, so
-# std::sort ends in a heap sort and std::nth_element(begin, begin + 29, end) in a heap select.
-# fmt: off
-SORT_KILLER = [
-    38, 1, 36, 3, 34, 5, 32, 7, 37, 9, 33, 11, 40, 13, 31, 15, 35, 17, 20, 19,
-    0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 30, 27, 28, 25, 26, 23, 24, 21, 22, 29,
-]
-SELECT_KILLER = [
-    60, 1, 60, 3, 60, 5, 60, 7, 60, 9, 60, 11, 60, 13, 60, 15, 60, 17, 60, 19,
-    28, 26, 29, 25, 20, 23, 24, 21, 22, 27, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18,
-] + [60] * 20
-# fmt: on
-
-
-def test_depth_limit_fallbacks():
-    check_lowering(aten.sort.default, torch.tensor([SORT_KILLER], dtype=torch.float32), 1)
-    check_lowering(aten.mode.default, torch.tensor([SORT_KILLER]), 1)
-    # topk(largest=False, sorted=False) is nth_element at k - 1, then the first k.
-    check_lowering(aten.topk.default, torch.tensor([SELECT_KILLER]), 30, 1, False, False)
 
 
 # --- kthvalue --------------------------------------------------------------------------------
 
 
 def test_kthvalue():
-    # TH's quickselect decides which of equal elements is returned.
+    # Eager's index among equal elements is wherever TH's quickselect leaves one: not specified.
     for k in (1, 3, 5):
-        check_lowering(aten.kthvalue.default, ties((25, 5), dtype=torch.int64), k, 1)
-    check_lowering(aten.kthvalue.default, with_nan((6, 5)), 2, 0, True)
-    check_lowering(aten.kthvalue.default, ties((32, 33)), 17, -1)
+        check_ties(1, aten.kthvalue.default, ties((25, 5), dtype=torch.int64), k, 1)
+    check_ties(0, aten.kthvalue.default, with_nan((6, 5)), 2, 0, True)
+    check_ties(0, aten.kthvalue.default, with_nan((6, 5)), 5, 0)
+    check_ties(-1, aten.kthvalue.default, ties((32, 33)), 17, -1)
+    check_ties(1, aten.kthvalue.default, with_nan((4, 9, 5)), 3, 1, True)
+    check_ties(1, aten.kthvalue.default, signed_zeros((3, 9)), 4, 1)
+    check_ties(1, aten.kthvalue.default, ties((4, 30), dtype=torch.bfloat16), 7, 1)
     check_lowering(aten.kthvalue.default, make((4, 5)), 2)
     check_lowering(aten.kthvalue.default, make(()), 1)
 
@@ -157,43 +216,47 @@ def test_kthvalue():
 
 
 def test_median_default():
+    # The lower median; median is NaN where a NaN is, nanmedian skips them. Which of equal zeros
+    # (and so the sign of a zero median) is open.
     for op in (aten.median.default, aten.nanmedian.default):
         check_lowering(op, ties((4, 6), dtype=torch.int64))
         check_lowering(op, with_nan((4, 6)))
         check_lowering(op, torch.full((5,), NAN))
         check_lowering(op, torch.tensor([2**60 + 1, 2**60 + 3, 2**60 + 5]))
         check_lowering(op, make(()))
-        check_signs(op, signed_zeros((3, 7)))
+        check_lowering(op, torch.zeros(0))
+        check_lowering(op, signed_zeros((3, 7)))
 
 
 @pytest.mark.parametrize("op", [aten.median.dim, aten.nanmedian.dim])
 def test_median_dim(op):
+    # "indices does not necessarily contain the first occurrence of each median value found,
+    # unless it is unique".
     check_lowering(op, make((4, 6)), 0, True)
-    check_lowering(op, ties((5, 8), dtype=torch.int64), -1)
-    check_lowering(op, with_nan((32, 7)), 1)
+    check_ties(-1, op, ties((5, 8), dtype=torch.int64), -1)
+    check_ties(1, op, with_nan((32, 7)), 1)
+    check_ties(1, op, with_nan((4, 9, 5)), 1, True)
+    check_ties(1, op, signed_zeros((3, 7)), 1)
     check_lowering(op, make(()), 0)
-    check_signs(op, signed_zeros((3, 7)), 1)
-
-
-def test_nanmedian_all_nan_rows():
-    # The comparator finds every NaN equivalent: the index is wherever nth_element leaves one.
-    for n in (1, 4, 9, 31):
+    for n in (1, 4, 9):  # rows of NaN but one element, and all NaN
         x = torch.full((2, n), NAN)
         x[1, 0] = 1.0
-        check_lowering(aten.nanmedian.dim, x, 1)
+        check_ties(1, op, x, 1)
 
 
 # --- mode ------------------------------------------------------------------------------------
 
 
 def test_mode():
-    check_lowering(aten.mode.default, ties((5, 5, 5), dtype=torch.int64))
-    check_lowering(aten.mode.default, ties((5, 5, 5)), 1, True)
-    check_lowering(aten.mode.default, ties((5, 9), levels=2, dtype=torch.bool), 0)
+    check_mode(ties((5, 5, 5), dtype=torch.int64))
+    check_mode(ties((5, 5, 5)), 1, True)
+    check_mode(ties((5, 9), levels=2, dtype=torch.bool), 0)
+    check_mode(ties((16, 40), levels=5, dtype=torch.int64))
+    check_mode(ties((3, 200), levels=7))
+    check_mode(signed_zeros((2, 9)), 1)
+    check_mode(make((4, 6)), 1)  # every value once: any is a mode
     check_lowering(aten.mode.default, make(()), 0, True)
-    # Past 16 elements the index within the winning run follows libstdc++'s introsort.
-    check_lowering(aten.mode.default, ties((16, 40), levels=5, dtype=torch.int64))
-    check_lowering(aten.mode.default, ties((3, 200), levels=7))
+    check_lowering(aten.mode.default, torch.zeros(0, 3), 1)
 
 
 # --- cumulative extrema ----------------------------------------------------------------------

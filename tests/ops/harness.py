@@ -133,6 +133,12 @@ SKIP.update(
 
 # Positional arguments that eager requires on the CPU for any device (as for CUDA tensors).
 CPU_ARGS = {"tensor_split": {1}}
+# Ops whose indices may name any of equal elements (PyTorch leaves the choice open: unstable sort,
+# topk, kthvalue, median, mode): their indices are compared through the input's values at them.
+# Each maps to the position of ``dim`` among the positional arguments after the input.
+TIED_INDICES = {
+    "sort": 0, "argsort": 0, "topk": 1, "kthvalue": 1, "median": 0, "nanmedian": 0, "mode": 0,
+}  # fmt: skip
 
 
 def _lazy_args(name: str, args: tuple) -> tuple:
@@ -176,6 +182,26 @@ def _compare(got: Any, expected: Any, random: bool) -> None:
             assert g == e or (g != g and e != e), (g, e)
 
 
+def _picked(name: str, sample, out: Any) -> Any:
+    """``out`` with the indices of an op in TIED_INDICES replaced by the input's values at them
+    (``out`` on the CPU)."""
+    if name not in TIED_INDICES or sample.kwargs.get("stable"):
+        return out
+    x, args = sample.input.detach(), sample.args
+    at = TIED_INDICES[name]
+    dim = sample.kwargs.get("dim", args[at] if len(args) > at else -1)
+
+    def values_at(idx: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 0:
+            return x.expand(idx.shape)
+        kept = idx if idx.dim() == x.dim() else idx.unsqueeze(dim)
+        return x.gather(dim, kept).reshape(idx.shape)
+
+    if isinstance(out, torch.Tensor):  # argsort, or median/nanmedian of all elements
+        return values_at(out) if name == "argsort" else out
+    return (out[0], values_at(out[1]), *out[2:])
+
+
 def _fallbacks(before: dict) -> tuple[str, ...]:
     after = lazy_torch.metrics.counters()
     return tuple(
@@ -197,7 +223,7 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
     except Exception as e:
         return Outcome("skipped", f"no samples: {type(e).__name__}")
     before = lazy_torch.metrics.counters()
-    traced = []  # (got, expected, gradient pairs, random) per sample, computed by one graph
+    traced = []  # (sample, got, expected, gradient pairs, random) per sample, computed by one graph
     for sample in samples:
         args = (sample.input, *sample.args)
         # Dropout inside a sample draws from the device RNG: compare shapes and dtypes only.
@@ -225,10 +251,12 @@ def run_op(op, dtype: torch.dtype, grads: bool = False) -> Outcome:
         except Exception as e:
             lazy_torch.mark_step(wait=True)
             return Outcome("failing", f"{type(e).__name__}: {str(e)[:300]}")
-        traced.append((got, expected, pairs, random_sample))
+        traced.append((sample, got, expected, pairs, random_sample))
     try:
         lazy_torch.mark_step()  # every sample's outputs and gradients: one graph, one compile
-        for got, expected, pairs, random_sample in traced:
+        for sample, got, expected, pairs, random_sample in traced:
+            got = tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, got)
+            got, expected = (_picked(op_name(op), sample, o) for o in (got, expected))
             _compare(got, expected, random_sample)
             for e, g in pairs:
                 assert g is not None, "missing gradient"
