@@ -7,8 +7,9 @@ import time
 from collections.abc import Iterable
 
 import runtime
-from lazy_core import Graph, Storage, cut_graph, pending_and_held
+from lazy_core import Graph, Storage, cut_graph, pending_and_held, pending_storages
 from lazy_core.ir import DATA
+from lazy_core.rebase import computed_leaves, extra_outputs, rebase
 from lazy_core.value import buffer_partners, settle, unheld
 from lazy_torch import rng as _rng
 from lazy_torch.sites import user_site
@@ -76,6 +77,17 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
         device: cut_graph([s.node for s in group], salt=("device", device))
         for device, group in by_device.items()
     }
+    # A partial sync also computes what other live values need of its graph (lazy_core/rebase.py).
+    extra: dict[int, list] = {}
+    if cause != "mark_step":
+        for device, group in by_device.items():
+            pending = pending_storages(device)
+            contained, read = extra_outputs(graphs[device].nodes, group, pending)
+            if contained or read:
+                group.extend(contained)
+                roots = [s.node for s in group] + read
+                graphs[device] = cut_graph(roots, salt=("device", device))
+            extra[device] = pending
     # An out-of-range index in an earlier, asynchronous step surfaces at the next barrier; a read
     # waits for it unless what it reads depends on no earlier step (no device data at all).
     reads_data = computed or any(p.op == DATA for g in graphs.values() for p in g.params)
@@ -102,7 +114,12 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
             partners=partners,
             held=held,
         )
-        settle(group, graph.roots, outputs)
+        if device in extra:
+            computed = computed_leaves(graph.roots, outputs)
+            settle(group, graph.roots, outputs)
+            rebase([s for s in extra[device] if s.pending], computed)
+        else:
+            settle(group, graph.roots, outputs)
 
 
 def mark_step(wait: bool = False) -> None:

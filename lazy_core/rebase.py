@@ -1,0 +1,102 @@
+"""Partial syncs that settle: which other values a synced graph computes, and pending IR rebased
+onto what it computed.
+
+A partial sync (``.item()``, ``.cpu()``, a fallback) computes the graph of a few storages. Every
+other live storage whose value that graph computes, and every node of it that other pending IR
+reads, becomes an output too; afterwards the pending IR that read those nodes reads their device
+buffers instead. So no value is computed twice, and a loop that observes a value every iteration
+records the same graph each time instead of one that grows by an iteration per sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from lazy_core.ir import PARAM_OPS, Node, data_leaf
+
+
+def extra_outputs(
+    nodes: Sequence[Node], chosen: Iterable[object], pending: Iterable[object]
+) -> tuple[list, list[Node]]:
+    """For a graph of ``nodes`` cut for the storages ``chosen``: the other ``pending`` storages
+    whose value is one of its nodes, and the nodes that IR outside it reads (in a deterministic
+    order, so the graph with them as roots keeps one key across iterations).
+
+    A multi-output node is read through ``getitem`` nodes; where one outside reads it, that
+    ``getitem`` is the output. Parameter-free values are left out.
+    """
+    inside = {id(n) for n in nodes}
+    # Values that read no parameter are the same every time and cost nothing to recompute (they
+    # fuse into their readers): they stay pending, so their readers' graphs do not change.
+    fixed: set[int] = set()
+    for n in nodes:  # post-order: sources first
+        if n.op not in PARAM_OPS and all(id(s) in fixed for s in n.src):
+            fixed.add(id(n))
+    skip = {id(s) for s in chosen}
+    contained = []
+    boundary: dict[int, Node] = {}
+    seen: set[int] = set()
+    for s in pending:
+        if id(s) in skip:
+            continue
+        node = s.node
+        if id(node) in inside:
+            if id(node) not in fixed:
+                contained.append(s)
+            continue
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            for src in n.src:
+                if id(src) in inside:
+                    if src.src and id(src) not in fixed:  # leaves are read where they are
+                        read = n if src.num_outputs > 1 else src
+                        boundary.setdefault(id(read), read)
+                elif src.src and id(src) not in seen:
+                    stack.append(src)
+    return contained, list(boundary.values())
+
+
+def computed_leaves(roots: Sequence[Node], outputs: Sequence[object]) -> dict[int, Node]:
+    """Root identity -> a data leaf of the buffer it computed."""
+    return {id(r): data_leaf(b, r.dtype, r.shape) for r, b in zip(roots, outputs)}
+
+
+def rebase(storages: Iterable[object], computed: dict[int, Node]) -> None:
+    """Give each storage whose pending value reads nodes in ``computed`` (identity -> data leaf)
+    an equal value that reads the leaves instead. Nodes are immutable, so the nodes between are
+    rebuilt (their digests then describe the new graph); IR that reads no computed node is kept.
+    """
+    if not computed:
+        return
+    memo: dict[int, Node] = dict(computed)  # id -> replacement (itself when unchanged)
+    for s in storages:
+        node = s.node
+        new = _rebuilt(node, memo)
+        if new is not node:
+            s.set(new)
+
+
+def _rebuilt(root: Node, memo: dict[int, Node]) -> Node:
+    """``root`` with every node in ``memo`` replaced (iterative post-order: graphs run deep)."""
+    stack = [(root, False)]
+    while stack:
+        n, expanded = stack.pop()
+        if id(n) in memo:
+            continue
+        if not n.src:
+            memo[id(n)] = n
+            continue
+        if not expanded:
+            stack.append((n, True))
+            stack.extend((s, False) for s in n.src if id(s) not in memo)
+            continue
+        src = tuple(memo[id(s)] for s in n.src)
+        if all(a is b for a, b in zip(src, n.src)):
+            memo[id(n)] = n
+        else:
+            memo[id(n)] = Node(n.op, src, n.arg, n.dtype, n.shape, n.payload)
+    return memo[id(root)]
