@@ -17,10 +17,11 @@ from lazy_core.ir import PARAM_OPS, Node, data_leaf
 
 def extra_outputs(
     nodes: Sequence[Node], chosen: Iterable[object], pending: Iterable[object]
-) -> tuple[list, list[Node]]:
+) -> tuple[list, list[Node], list]:
     """For a graph of ``nodes`` cut for the storages ``chosen``: the other ``pending`` storages
-    whose value is one of its nodes, and the nodes that IR outside it reads (in a deterministic
-    order, so the graph with them as roots keeps one key across iterations).
+    whose value is one of its nodes; the nodes that IR outside it reads (in a deterministic
+    order, so the graph with them as roots keeps one key across iterations); and the storages
+    whose value may read them (for ``rebase``; a superset).
 
     A multi-output node is read through ``getitem`` nodes; where one outside reads it, that
     ``getitem`` is the output. Parameter-free values are left out.
@@ -33,9 +34,9 @@ def extra_outputs(
         if n.op not in PARAM_OPS and all(id(s) in fixed for s in n.src):
             fixed.add(id(n))
     skip = {id(s) for s in chosen}
-    contained = []
+    contained, readers = [], []
     boundary: dict[int, Node] = {}
-    seen: set[int] = set()
+    seen: dict[int, bool] = {}  # node id -> whether the walk that saw it first found a read
     for s in pending:
         if id(s) in skip:
             continue
@@ -44,20 +45,28 @@ def extra_outputs(
             if id(node) not in fixed:
                 contained.append(s)
             continue
+        reads = False
+        walked = []
         stack = [node]
         while stack:
             n = stack.pop()
             if id(n) in seen:
+                reads = reads or seen[id(n)]
                 continue
-            seen.add(id(n))
+            seen[id(n)] = False
+            walked.append(id(n))
             for src in n.src:
                 if id(src) in inside:
                     if src.src and id(src) not in fixed:  # leaves are read where they are
                         read = n if src.num_outputs > 1 else src
                         boundary.setdefault(id(read), read)
-                elif src.src and id(src) not in seen:
+                        reads = True
+                elif src.src:
                     stack.append(src)
-    return contained, list(boundary.values())
+        if reads:  # every node this walk saw counts as reading: a later walk may share them
+            readers.append(s)
+            seen.update(dict.fromkeys(walked, True))
+    return contained, list(boundary.values()), readers
 
 
 def computed_leaves(roots: Sequence[Node], outputs: Sequence[object]) -> dict[int, Node]:

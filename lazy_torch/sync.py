@@ -82,12 +82,12 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
     if cause != "mark_step":
         for device, group in by_device.items():
             pending = pending_storages(device)
-            contained, read = extra_outputs(graphs[device].nodes, group, pending)
+            contained, read, readers = extra_outputs(graphs[device].nodes, group, pending)
             if contained or read:
                 group.extend(contained)
                 roots = [s.node for s in group] + read
                 graphs[device] = cut_graph(roots, salt=("device", device))
-            extra[device] = pending
+            extra[device] = readers
     # An out-of-range index in an earlier, asynchronous step surfaces at the next barrier; a read
     # waits for it unless what it reads depends on no earlier step (no device data at all).
     reads_data = computed or any(p.op == DATA for g in graphs.values() for p in g.params)
@@ -117,7 +117,7 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
         if device in extra:
             computed = computed_leaves(graph.roots, outputs)
             settle(group, graph.roots, outputs)
-            rebase([s for s in extra[device] if s.pending], computed)
+            rebase(extra[device], computed)
         else:
             settle(group, graph.roots, outputs)
 

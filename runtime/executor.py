@@ -21,7 +21,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from lazy_core.dump import ir_text
 from lazy_core.graph import Graph, key_text
-from runtime import config, history, metrics
+from runtime import config, history, interpret, metrics
 from runtime.device import device, platform_of
 from runtime.donation import Donations
 from runtime.launcher import Launch, Launcher, failed, is_ready, resolve
@@ -294,12 +294,15 @@ def run_graph(
     donate, order, spares = plan.donate, plan.order, plan.spares
     key = (graph.key, donate, order, spares)
     exe = _cache.get(key)
+    if exe is None and _interprets(graph.key, site):
+        return _interpreted(graph, device_index, cause, site, defer_checks)
     hit = exe is not None
     if hit:
         metrics.count("cache_hits")
         _cache.move_to_end(key)
     else:
         exe = _cache[key] = _compile(graph, device_index, donate, cause, site, order, spares)
+        _site_graphs[site] = _site_graphs.get(site, 0) + 1
         _bound_cache()
         if recycles:
             _donations.compiled(graph.key, plan)
@@ -341,6 +344,47 @@ def run_graph(
     return tuple(outputs)
 
 
+# Per user call site: how many graphs were compiled whole for it. Per graph key: whether it ran
+# op by op once already (a graph that comes back is compiled).
+_site_graphs: dict[str, int] = {}
+_interpreted_once: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+
+def _interprets(key: int, site: str) -> bool:
+    """Whether a graph new to the cache runs op by op (``config.INTERPRET_AFTER``)."""
+    limit = config.INTERPRET_AFTER
+    if not limit or _site_graphs.get(site, 0) < limit or site == "<unknown>":
+        return False
+    if key in _interpreted_once:
+        del _interpreted_once[key]
+        return False
+    _interpreted_once[key] = None
+    if len(_interpreted_once) > config.EXECUTABLES:
+        _interpreted_once.popitem(last=False)
+    return True
+
+
+def _interpreted(
+    graph: Graph, device_index: int, cause: str, site: str, defer_checks: bool
+) -> tuple[jax.Array, ...]:
+    start = time.perf_counter()
+    outputs, checks, errors = interpret.interpret(graph, device_index, platform_of(device_index))
+    seconds = time.perf_counter() - start
+    metrics.count("executions")
+    metrics.count("interpreted_graphs")
+    metrics.size("graph_nodes", len(graph.nodes))
+    if metrics.listening():
+        n = len(graph.nodes)
+        e = metrics.GraphEvent("execute", cause, site, graph.key, n, seconds, "op by op")
+        metrics.event(e)
+    _in_flight[:] = outputs
+    if errors:
+        _unchecked.append((checks, errors))
+        if not defer_checks:
+            check_errors()
+    return outputs
+
+
 _compiled = [0]
 
 
@@ -351,6 +395,7 @@ def _bound_cache() -> None:
     _compiled[0] += 1
     if config.MAPPINGS and _compiled[0] % 16 == 0 and _mappings() > config.MAPPINGS:
         excess = max(excess, len(_cache) // 2)
+        interpret.shed(interpret.cache_size() // 2)
     for _ in range(excess):
         _cache.popitem(last=False)
         metrics.count("executables_evicted")
@@ -537,6 +582,9 @@ def drop_cache() -> None:
     _cache.clear()
     _constant_results.clear()
     _constant_buffers.clear()
+    _site_graphs.clear()
+    _interpreted_once.clear()
+    interpret.drop_cache()
     history.reset()
 
 

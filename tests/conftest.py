@@ -3,10 +3,15 @@
 import pytest
 
 import lazy_torch
+import runtime.config
 
 
 @pytest.fixture(autouse=True)
-def _fresh_metrics():
+def _fresh_metrics(monkeypatch):
+    # Test files run hundreds of graphs from one line (a harness's .cpu()), which would otherwise
+    # run op by op after the fourth (runtime/interpret.py): whole graphs are what they test.
+    # tests/runtime/test_interpret.py turns it back on.
+    monkeypatch.setattr(runtime.config, "INTERPRET_AFTER", 0)
     lazy_torch.mark_step(wait=True)
     lazy_torch.metrics.reset()
     yield

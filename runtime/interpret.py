@@ -1,0 +1,213 @@
+"""Op-by-op execution of a graph: each node runs as an executable of its own, compiled once per
+(op, attributes, operand types, device) and shared by every graph that has such a node.
+
+For a call site whose graphs keep changing (a policy-gradient episode of a new length, a sequence
+one token longer), compiling each whole graph costs seconds that running it op by op does not:
+the ops recur even where the graphs do not. The executor picks this path (executor._interprets);
+the values are the ones the whole graph computes, by the same lowerings.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lazy_core.digest import digest
+from lazy_core.graph import Graph
+from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR
+from runtime import config, metrics
+from runtime.device import device
+from runtime.launcher import resolve
+from runtime.program import apply_lowering
+
+# Operand kinds in a node's key: a device array, a Python-number parameter (passed as a 0-d array
+# of its dtype, a traced scalar as in whole graphs), or a constant baked into the executable.
+_ARRAY, _NUMBER, _CONSTANT = "array", "number", "constant"
+
+
+class _Constant:
+    """A constant node's value while interpreting: baked into the executables that read it."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, arg: tuple, dtype: Any):
+        self.kind = (_CONSTANT, arg, dtype)
+
+
+_NO_CHECKS = np.zeros((0, 2), np.int64)
+
+
+class _OpExecutable:
+    __slots__ = ("compiled", "errors")
+
+    def __init__(self, compiled: Any, errors: list):
+        self.compiled = compiled
+        self.errors = errors
+
+
+# Least recently used first; at most config.EXECUTABLES (they hold JIT code as graphs' do).
+_cache: collections.OrderedDict[int, _OpExecutable] = collections.OrderedDict()
+
+
+def interpret(graph: Graph, device_index: int, platform: str) -> tuple[tuple, Any, list]:
+    """Run ``graph`` node by node: its root values in root order, the rows of its runtime checks
+    (an array ``executor.check_errors`` reads; None without checks) and each row's error."""
+    plan = graph.plan()
+    params = graph.params
+    target = device(device_index)
+    env: list[Any] = []
+    rows: list[Any] = []
+    errors: list = []
+    for op, arg, dtype, shape, src in plan:
+        if op == DATA:
+            value = resolve(params[arg].payload)
+        elif op == SCALAR:
+            value = np.asarray(params[arg].payload, dtype=jnp.dtype(dtype))
+        elif op == CONSTANT:
+            value = _Constant(arg, dtype)
+        elif op == GETITEM:
+            value = env[src[0]][arg]
+        else:
+            kinds, arrays = [], []
+            for s in src:
+                v, (s_op, _, s_dtype, s_shape, _) = env[s], plan[s]
+                if type(v) is _Constant:
+                    kinds.append(v.kind)
+                elif s_op == SCALAR:
+                    kinds.append((_NUMBER, s_dtype))
+                    arrays.append(v)
+                else:
+                    kinds.append((_ARRAY, s_dtype, s_shape))
+                    arrays.append(v)
+            window = _window(op, arg, kinds, shape)
+            if window is not None:  # one executable for every offset
+                dim, start, size = window
+                exe = _executable(_WINDOW, (dim, size), dtype, shape, tuple(kinds), device_index)
+                arrays.append(np.int32(start))
+            else:
+                exe = _executable(op, arg, dtype, shape, tuple(kinds), device_index, platform)
+            value, checks = exe.compiled(*arrays)
+            if exe.errors:
+                rows.append(checks)
+                errors.extend(exe.errors)
+        env.append(value)
+    outputs = tuple(_as_array(env[i], plan[i], target) for i in graph.outputs())
+    checks = None
+    if rows:  # read at once: a graph runs op by op where its sync waits for it anyway
+        checks = jax.device_put(np.concatenate([np.asarray(r) for r in rows]))
+    return outputs, checks, errors
+
+
+def _as_array(value: Any, entry: tuple, target: Any) -> Any:
+    """A root's value as a device array (a root may be a parameter or a constant)."""
+    if type(value) is _Constant:
+        _, (_, number), dtype = value.kind
+        value = np.asarray(number, dtype=jnp.dtype(dtype))
+    if isinstance(value, np.ndarray):
+        return jax.device_put(value, target)
+    return value
+
+
+# ``select`` and ``slice`` with a unit step read a window at an offset: the offset is an argument
+# of one executable per window shape, as an episode reads each of its steps (returns[i]).
+_WINDOW = "lazy.window"
+
+
+def _window(op: str, arg: Any, kinds: list, shape: tuple) -> tuple[int, int, int] | None:
+    """``(dim, start, size)`` of the window a select or unit-step slice reads; None otherwise."""
+    if op not in ("aten.select.int", "aten.slice.Tensor") or kinds[0][0] != _ARRAY:
+        return None
+    args, kwargs = arg
+    if kwargs or not all(type(a) is int or a is None for a in args[1:]):
+        return None
+    in_shape = kinds[0][2]
+    if op == "aten.select.int":
+        dim, start = args[1], args[2]
+        size = 1
+    else:
+        dim, start, _, step = (*args[1:], *(0, None, None, 1)[len(args) - 1 :])
+        if step != 1:
+            return None
+        start = start or 0
+    dim += len(in_shape) if dim < 0 else 0
+    n = in_shape[dim]
+    start += n if start < 0 else 0
+    if op == "aten.slice.Tensor":
+        size = shape[dim]
+        start = min(max(start, 0), n)
+    return dim, start, size
+
+
+def _executable(
+    op: str,
+    arg: Any,
+    dtype: Any,
+    shape: Any,
+    kinds: tuple,
+    device_index: int,
+    platform: str = "",
+) -> _OpExecutable:
+    key = digest((op, arg, dtype, shape, kinds, device_index))
+    exe = _cache.get(key)
+    if exe is not None:
+        _cache.move_to_end(key)
+        return exe
+    start = time.perf_counter()
+    errors: list = []
+
+    def run(*arrays: Any) -> tuple:
+        if op == _WINDOW:
+            (dim, size), (x, start) = arg, arrays
+            return jax.lax.dynamic_slice_in_dim(x, start, size, dim).reshape(shape), _NO_CHECKS
+        it = iter(arrays)
+        operands, scalars = [], []
+        for kind in kinds:
+            if kind[0] == _CONSTANT:
+                (wrapped, number), k_dtype = kind[1], kind[2]
+                operands.append(number if wrapped else jnp.asarray(number, dtype=k_dtype))
+                continue
+            value = next(it)
+            if kind[0] == _NUMBER:
+                scalars.append(value)
+            operands.append(value)
+        checks: list = []
+        out = apply_lowering(op, arg, dtype, shape, operands, tuple(scalars), checks, platform)
+        errors[:] = [error for _, error in checks]
+        rows = jnp.stack([c for c, _ in checks]) if checks else jnp.zeros((0, 2), jnp.int64)
+        return out, rows
+
+    sharding = jax.sharding.SingleDeviceSharding(device(device_index))
+    specs = [
+        jax.ShapeDtypeStruct(() if k[0] == _NUMBER else k[2], jnp.dtype(k[1]), sharding=sharding)
+        for k in kinds
+        if k[0] != _CONSTANT
+    ]
+    if op == _WINDOW:
+        specs.append(jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding))
+    compiled = jax.jit(run).lower(*specs).compile()
+    metrics.count("compiles")
+    metrics.count("op_compiles")
+    metrics.time("compile_time", time.perf_counter() - start)
+    exe = _cache[key] = _OpExecutable(compiled, errors)
+    while len(_cache) > config.EXECUTABLES:
+        _cache.popitem(last=False)
+    return exe
+
+
+def shed(n: int) -> None:
+    """Forget the ``n`` least recently used executables."""
+    for _ in range(min(n, len(_cache))):
+        _cache.popitem(last=False)
+
+
+def drop_cache() -> None:
+    _cache.clear()
+
+
+def cache_size() -> int:
+    return len(_cache)
