@@ -295,7 +295,9 @@ def run_graph(
     key = (graph.key, donate, order, spares)
     exe = _cache.get(key)
     if exe is None and _interprets(graph.key, site):
-        return _interpreted(graph, device_index, cause, site, defer_checks)
+        steps = interpret.Steps(graph, device_index)
+        if steps.missing <= max(_FEW_NEW_OPS, len(steps.steps) // 8):
+            return _interpreted(graph, steps, device_index, cause, site, defer_checks)
     hit = exe is not None
     if hit:
         metrics.count("cache_hits")
@@ -364,11 +366,22 @@ def _interprets(key: int, site: str) -> bool:
     return True
 
 
+# A graph runs op by op only if it needs at most this many new op executables (or an eighth of
+# its nodes' worth): each costs about as much to compile as a small graph.
+_FEW_NEW_OPS = 16
+
+
 def _interpreted(
-    graph: Graph, device_index: int, cause: str, site: str, defer_checks: bool
+    graph: Graph,
+    steps: interpret.Steps,
+    device_index: int,
+    cause: str,
+    site: str,
+    defer_checks: bool,
 ) -> tuple[jax.Array, ...]:
     start = time.perf_counter()
-    outputs, checks, errors = interpret.interpret(graph, device_index, platform_of(device_index))
+    platform = platform_of(device_index)
+    outputs, checks, errors = interpret.interpret(graph, steps, device_index, platform)
     seconds = time.perf_counter() - start
     metrics.count("executions")
     metrics.count("interpreted_graphs")

@@ -30,15 +30,6 @@ from runtime.program import apply_lowering
 _ARRAY, _NUMBER, _CONSTANT = "array", "number", "constant"
 
 
-class _Constant:
-    """A constant node's value while interpreting: baked into the executables that read it."""
-
-    __slots__ = ("kind",)
-
-    def __init__(self, arg: tuple, dtype: Any):
-        self.kind = (_CONSTANT, arg, dtype)
-
-
 _NO_CHECKS = np.zeros((0, 2), np.int64)
 
 
@@ -54,43 +45,69 @@ class _OpExecutable:
 _cache: collections.OrderedDict[int, _OpExecutable] = collections.OrderedDict()
 
 
-def interpret(graph: Graph, device_index: int, platform: str) -> tuple[tuple, Any, list]:
+class Steps:
+    """A graph's plan with, for each operation node, the executable it runs (its key, the op and
+    attribute the executable computes, its operand kinds) and a window's offset argument."""
+
+    __slots__ = ("missing", "plan", "steps")
+
+    def __init__(self, graph: Graph, device_index: int):
+        self.plan = plan = graph.plan()
+        self.steps: list[tuple | None] = []
+        keys = set()
+        for op, arg, dtype, shape, src in plan:
+            if op in (DATA, SCALAR, CONSTANT, GETITEM):
+                self.steps.append(None)
+                continue
+            kinds = []
+            for s in src:
+                s_op, s_arg, s_dtype, s_shape, _ = plan[s]
+                if s_op == CONSTANT:
+                    kinds.append((_CONSTANT, s_arg, s_dtype))
+                elif s_op == SCALAR:
+                    kinds.append((_NUMBER, s_dtype))
+                else:
+                    kinds.append((_ARRAY, s_dtype, s_shape))
+            kinds = tuple(kinds)
+            window = _window(op, arg, kinds, shape)
+            offset = None
+            if window is not None:  # one executable for every offset
+                dim, offset, size = window
+                op, arg = _WINDOW, (dim, size)
+            key = digest((op, arg, dtype, shape, kinds, device_index))
+            keys.add(key)
+            self.steps.append((key, op, arg, kinds, offset))
+        # Executables this graph would compile: where most are new (a new input shape), one whole
+        # compile costs less than compiling them one by one.
+        self.missing = sum(key not in _cache for key in keys)
+
+
+def interpret(
+    graph: Graph, steps: Steps, device_index: int, platform: str
+) -> tuple[tuple, Any, list]:
     """Run ``graph`` node by node: its root values in root order, the rows of its runtime checks
     (an array ``executor.check_errors`` reads; None without checks) and each row's error."""
-    plan = graph.plan()
+    plan = steps.plan
     params = graph.params
     target = device(device_index)
     env: list[Any] = []
     rows: list[Any] = []
     errors: list = []
-    for op, arg, dtype, shape, src in plan:
+    for (op, arg, dtype, shape, src), step in zip(plan, steps.steps):
         if op == DATA:
             value = resolve(params[arg].payload)
         elif op == SCALAR:
             value = np.asarray(params[arg].payload, dtype=jnp.dtype(dtype))
         elif op == CONSTANT:
-            value = _Constant(arg, dtype)
+            value = None  # baked into the executables that read it
         elif op == GETITEM:
             value = env[src[0]][arg]
         else:
-            kinds, arrays = [], []
-            for s in src:
-                v, (s_op, _, s_dtype, s_shape, _) = env[s], plan[s]
-                if type(v) is _Constant:
-                    kinds.append(v.kind)
-                elif s_op == SCALAR:
-                    kinds.append((_NUMBER, s_dtype))
-                    arrays.append(v)
-                else:
-                    kinds.append((_ARRAY, s_dtype, s_shape))
-                    arrays.append(v)
-            window = _window(op, arg, kinds, shape)
-            if window is not None:  # one executable for every offset
-                dim, start, size = window
-                exe = _executable(_WINDOW, (dim, size), dtype, shape, tuple(kinds), device_index)
-                arrays.append(np.int32(start))
-            else:
-                exe = _executable(op, arg, dtype, shape, tuple(kinds), device_index, platform)
+            key, op, arg, kinds, offset = step
+            arrays = [env[s] for s, k in zip(src, kinds) if k[0] != _CONSTANT]
+            if offset is not None:
+                arrays.append(np.int32(offset))
+            exe = _executable(key, op, arg, dtype, shape, kinds, device_index, platform)
             value, checks = exe.compiled(*arrays)
             if exe.errors:
                 rows.append(checks)
@@ -105,8 +122,8 @@ def interpret(graph: Graph, device_index: int, platform: str) -> tuple[tuple, An
 
 def _as_array(value: Any, entry: tuple, target: Any) -> Any:
     """A root's value as a device array (a root may be a parameter or a constant)."""
-    if type(value) is _Constant:
-        _, (_, number), dtype = value.kind
+    if entry[0] == CONSTANT:
+        (_, number), dtype = entry[1], entry[2]
         value = np.asarray(number, dtype=jnp.dtype(dtype))
     if isinstance(value, np.ndarray):
         return jax.device_put(value, target)
@@ -118,7 +135,7 @@ def _as_array(value: Any, entry: tuple, target: Any) -> Any:
 _WINDOW = "lazy.window"
 
 
-def _window(op: str, arg: Any, kinds: list, shape: tuple) -> tuple[int, int, int] | None:
+def _window(op: str, arg: Any, kinds: tuple, shape: tuple) -> tuple[int, int, int] | None:
     """``(dim, start, size)`` of the window a select or unit-step slice reads; None otherwise."""
     if op not in ("aten.select.int", "aten.slice.Tensor") or kinds[0][0] != _ARRAY:
         return None
@@ -144,15 +161,15 @@ def _window(op: str, arg: Any, kinds: list, shape: tuple) -> tuple[int, int, int
 
 
 def _executable(
+    key: int,
     op: str,
     arg: Any,
     dtype: Any,
     shape: Any,
     kinds: tuple,
     device_index: int,
-    platform: str = "",
+    platform: str,
 ) -> _OpExecutable:
-    key = digest((op, arg, dtype, shape, kinds, device_index))
     exe = _cache.get(key)
     if exe is not None:
         _cache.move_to_end(key)

@@ -17,8 +17,10 @@ def _counter(name: str) -> int:
 
 @pytest.fixture
 def always(monkeypatch):
-    """Every graph new to the cache runs op by op, however often it comes back."""
+    """Every graph new to the cache runs op by op, however often it comes back and however many
+    of its ops are new."""
     monkeypatch.setattr(executor, "_interprets", lambda key, site: True)
+    monkeypatch.setattr(executor, "_FEW_NEW_OPS", 1 << 30)
 
 
 @pytest.mark.parametrize("chunk", range(2))
@@ -56,6 +58,17 @@ def test_a_site_whose_graphs_keep_changing_runs_them_op_by_op(monkeypatch):
     assert _counter("compiles") == later + 1 and _counter("interpreted_graphs") == 8
 
 
+def test_a_graph_of_mostly_new_ops_is_compiled_whole(monkeypatch):
+    monkeypatch.setattr(config, "INTERPRET_AFTER", 1)
+    for n in (3, 4, 5):  # a new shape each time: every op executable would be new
+        x = torch.randn(n, n)
+        y = x.to("lazy")
+        for _ in range(12):  # every link of new shapes
+            y, x = torch.cat([y, y[:1] * 2]).tanh(), torch.cat([x, x[:1] * 2]).tanh()
+        torch.testing.assert_close(y.cpu(), x)
+    assert _counter("interpreted_graphs") == 0 and _counter("compiles") == 3
+
+
 def test_runtime_checks_raise_eagers_error_op_by_op(always):
     a = torch.arange(6.0, device="lazy")
     y = a * 2
@@ -74,6 +87,7 @@ def test_random_draws_op_by_op_are_the_whole_graphs(monkeypatch):
 
     whole = draws()
     monkeypatch.setattr(executor, "_interprets", lambda key, site: True)
+    monkeypatch.setattr(executor, "_FEW_NEW_OPS", 1 << 30)
     executor.drop_cache()
     # The same draws; XLA may round a fused transform differently from its op-by-op steps.
     torch.testing.assert_close(torch.tensor(draws()), torch.tensor(whole))
