@@ -114,12 +114,10 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
             partners=partners,
             held=held,
         )
-        if device in extra:
-            computed = computed_leaves(graph.roots, outputs)
-            settle(group, graph.roots, outputs)
-            rebase(extra[device], computed)
-        else:
-            settle(group, graph.roots, outputs)
+        leaves = computed_leaves(graph.roots, outputs) if device in extra else None
+        settle(group, graph.roots, outputs)
+        if leaves is not None:
+            rebase(extra[device], leaves)
 
 
 def mark_step(wait: bool = False) -> None:
