@@ -114,16 +114,16 @@ def test_sampling_loops_compile_a_bounded_number_of_graphs():
     assert not any(k.startswith("fallback::") for k in lazy_torch.metrics.counters())
 
 
-def _episodes(device, episodes, length):
+def _episodes(device, lengths):
     """REINFORCE with a greedy policy (deterministic, so eager is the oracle): one ``.item()`` per
-    step, the log-probs kept for the episode's loss."""
+    step, the log-probs kept for the episode's loss; an episode of each length in ``lengths``."""
     torch.manual_seed(0)
     policy = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     policy.to(device)
     opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(1)
     losses, compiles = [], []
-    for _ in range(episodes):
+    for length in lengths:
         saved, state = [], torch.randn(1, 4, generator=gen)
         for _ in range(length):
             probs = F.softmax(policy(state.to(device)), dim=1)
@@ -143,10 +143,24 @@ def _episodes(device, episodes, length):
 
 
 def test_a_policy_gradient_loop_stops_compiling_after_its_first_episodes():
-    expected, _ = _episodes("cpu", 5, 6)
-    losses, compiles = _episodes("lazy", 5, 6)
+    expected, _ = _episodes("cpu", [6] * 5)
+    losses, compiles = _episodes("lazy", [6] * 5)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected))
     assert compiles[2:] == [compiles[1]] * 3
+
+
+def test_episodes_of_changing_lengths_run_op_by_op_until_a_length_comes_back(monkeypatch):
+    from runtime import config
+
+    monkeypatch.setattr(config, "INTERPRET_AFTER", 2)
+    lengths = [4, 5, 6, 7, 8, 9] * 4
+    expected, _ = _episodes("cpu", lengths)
+    losses, compiles = _episodes("lazy", lengths)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected))
+    # A graph new to a line that had two already runs op by op, is compiled when it comes back,
+    # then hits the cache: the graphs of a cycle of lengths are all cached by its third round.
+    assert lazy_torch.metrics.counters()["interpreted_graphs"] >= 4
+    assert compiles[18:] == [compiles[17]] * 6
 
 
 def _lbfgs(device, steps, sync_in_closure):
