@@ -23,10 +23,10 @@ from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR
 from runtime import config, metrics
 from runtime.device import device
 from runtime.launcher import resolve
-from runtime.program import apply_lowering
+from runtime.program import ParamLayout, build_function
 
-# Operand kinds in a node's key: a device array, a Python-number parameter (passed as a 0-d array
-# of its dtype, a traced scalar as in whole graphs), or a constant baked into the executable.
+# Operand kinds in a node's key: a device array, a Python-number parameter (packed by dtype and
+# traced, as in whole graphs), or a constant baked into the executable.
 _ARRAY, _NUMBER, _CONSTANT = "array", "number", "constant"
 
 
@@ -97,18 +97,15 @@ def interpret(
         if op == DATA:
             value = resolve(params[arg].payload)
         elif op == SCALAR:
-            value = np.asarray(params[arg].payload, dtype=jnp.dtype(dtype))
+            value = params[arg].payload
         elif op == CONSTANT:
             value = None  # baked into the executables that read it
         elif op == GETITEM:
             value = env[src[0]][arg]
         else:
             key, op, arg, kinds, offset = step
-            arrays = [env[s] for s, k in zip(src, kinds) if k[0] != _CONSTANT]
-            if offset is not None:
-                arrays.append(np.int32(offset))
             exe = _executable(key, op, arg, dtype, shape, kinds, device_index, platform)
-            value, checks = exe.compiled(*arrays)
+            value, checks = exe.compiled(*_arguments(env, src, kinds, offset))
             if exe.errors:
                 rows.append(checks)
                 errors.extend(exe.errors)
@@ -120,11 +117,27 @@ def interpret(
     return outputs, checks, errors
 
 
+def _arguments(env: list, src: tuple, kinds: tuple, offset: int | None) -> list:
+    """A node's arguments as its one-node graph takes them (program.ParamLayout): the arrays in
+    operand order, then one array per dtype of its number operands; a window's offset last."""
+    arrays = [env[s] for s, k in zip(src, kinds) if k[0] == _ARRAY]
+    numbers: dict[Any, list] = {}
+    for s, k in zip(src, kinds):
+        if k[0] == _NUMBER:
+            numbers.setdefault(k[1], []).append(env[s])
+    arrays += [np.array(v, dtype=jnp.dtype(d)) for d, v in numbers.items()]
+    if offset is not None:
+        arrays.append(np.int32(offset))
+    return arrays
+
+
 def _as_array(value: Any, entry: tuple, target: Any) -> Any:
     """A root's value as a device array (a root may be a parameter or a constant)."""
     if entry[0] == CONSTANT:
         (_, number), dtype = entry[1], entry[2]
         value = np.asarray(number, dtype=jnp.dtype(dtype))
+    elif entry[0] == SCALAR:
+        value = np.asarray(value, dtype=jnp.dtype(entry[2]))
     if isinstance(value, np.ndarray):
         return jax.device_put(value, target)
     return value
@@ -175,37 +188,40 @@ def _executable(
         _cache.move_to_end(key)
         return exe
     start = time.perf_counter()
-    errors: list = []
+    sharding = jax.sharding.SingleDeviceSharding(device(device_index))
+    if op == _WINDOW:
+        (dim, size) = arg
 
-    def run(*arrays: Any) -> tuple:
-        if op == _WINDOW:
-            (dim, size), (x, start) = arg, arrays
-            return jax.lax.dynamic_slice_in_dim(x, start, size, dim).reshape(shape), _NO_CHECKS
-        it = iter(arrays)
-        operands, scalars = [], []
+        def run(x: Any, offset: Any) -> tuple:
+            return jax.lax.dynamic_slice_in_dim(x, offset, size, dim).reshape(shape), _NO_CHECKS
+
+        errors: list = []
+        specs = [
+            jax.ShapeDtypeStruct(kinds[0][2], jnp.dtype(kinds[0][1]), sharding=sharding),
+            jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding),
+        ]
+    else:  # a graph of one node on leaves of the operands' kinds, built as whole graphs are
+        leaves, params = [], []  # params: the non-constant operands' kinds
         for kind in kinds:
             if kind[0] == _CONSTANT:
-                (wrapped, number), k_dtype = kind[1], kind[2]
-                operands.append(number if wrapped else jnp.asarray(number, dtype=k_dtype))
-                continue
-            value = next(it)
-            if kind[0] == _NUMBER:
-                scalars.append(value)
-            operands.append(value)
-        checks: list = []
-        out = apply_lowering(op, arg, dtype, shape, operands, tuple(scalars), checks, platform)
-        errors[:] = [error for _, error in checks]
-        rows = jnp.stack([c for c, _ in checks]) if checks else jnp.zeros((0, 2), jnp.int64)
-        return out, rows
-
-    sharding = jax.sharding.SingleDeviceSharding(device(device_index))
-    specs = [
-        jax.ShapeDtypeStruct(() if k[0] == _NUMBER else k[2], jnp.dtype(k[1]), sharding=sharding)
-        for k in kinds
-        if k[0] != _CONSTANT
-    ]
-    if op == _WINDOW:
-        specs.append(jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding))
+                leaves.append((CONSTANT, kind[1], kind[2], (), ()))
+            else:
+                leaf_op = SCALAR if kind[0] == _NUMBER else DATA
+                shape_of = () if kind[0] == _NUMBER else kind[2]
+                leaves.append((leaf_op, len(params), kind[1], shape_of, ()))
+                params.append(kind)
+        plan = (*leaves, (op, arg, dtype, shape, tuple(range(len(kinds)))))
+        layout = ParamLayout([(leaf[0], leaf[2]) for leaf in leaves if leaf[0] != CONSTANT])
+        run = build_function(plan, (len(kinds),), layout, platform)
+        errors = run.errors
+        specs = [
+            jax.ShapeDtypeStruct(params[i][2], jnp.dtype(params[i][1]), sharding=sharding)
+            for i in layout.data
+        ]
+        specs += [
+            jax.ShapeDtypeStruct((len(members),), jnp.dtype(d), sharding=sharding)
+            for d, members in layout.groups
+        ]
     compiled = jax.jit(run).lower(*specs).compile()
     metrics.count("compiles")
     metrics.count("op_compiles")

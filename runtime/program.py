@@ -36,7 +36,7 @@ def rng_state(seed: int) -> np.ndarray:
     return initial_state(seed)
 
 
-def apply_lowering(
+def _apply(
     op: str,
     arg: Any,
     dtype: Any,
@@ -146,7 +146,7 @@ def build_function(
                 value = env[src[0]][arg]
             else:
                 operands = [env[s] for s in src]
-                value = apply_lowering(op, arg, dtype, shape, operands, scalars, checks, platform)
+                value = _apply(op, arg, dtype, shape, operands, scalars, checks, platform)
             env.append(value)
         errors[:] = [error for _, error in checks]
         result = tuple(env[i] for i in outputs)
