@@ -52,7 +52,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _extent(meta: Meta) -> int:
+def extent(meta: Meta) -> int:
     """How many elements of its storage a tensor of ``meta`` reaches (its offset included)."""
     shape, stride, offset, _ = meta
     if 0 in shape:
@@ -63,7 +63,7 @@ def _extent(meta: Meta) -> int:
 def _stand_in(meta: Meta, device: str) -> torch.Tensor:
     """A plain tensor of ``meta`` (zeros on CPU) on a storage just large enough for it."""
     shape, stride, offset, dtype = meta
-    storage = torch.zeros(max(_extent(meta), offset), dtype=dtype, device=device)
+    storage = torch.zeros(max(extent(meta), offset), dtype=dtype, device=device)
     return storage.as_strided(shape, stride, offset)
 
 
@@ -101,7 +101,7 @@ def window(t: LazyTensor, meta: Meta) -> LazyTensor:
         # A dtype view (``x.view(torch.int32)``): its own elements stand for its memory.
         base = aten.clone.default(t, memory_format=torch.contiguous_format)
         meta = (meta[0], meta[1], 0, meta[3])
-    have, need = base.numel(), _extent(meta)
+    have, need = base.numel(), extent(meta)
     if need > have:
         flat = aten.reshape.default(base, (-1,))
         grow = aten.zeros.default((need - have,), dtype=t.dtype, device=t.device)

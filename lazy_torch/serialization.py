@@ -35,7 +35,7 @@ import torch
 from lazy_torch import device_module
 from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dispatch import bound_arguments, special
-from lazy_torch.resize import _extent, become
+from lazy_torch.resize import become, extent
 from lazy_torch.tensor import (
     LazyTensor,
     contiguous_stride,
@@ -74,7 +74,7 @@ def _image_of(t: LazyTensor) -> tuple[torch.UntypedStorage, int, tuple[int, ...]
     """The tagged CPU storage holding ``t``'s elements at its offset and strides, and those."""
     source = t._lazy.storage
     shape, stride, offset, dtype = t._meta
-    need = _extent(t._meta) * t.element_size()
+    need = extent(t._meta) * t.element_size()
     image = _images.get(id(source))
     if (
         image is None
