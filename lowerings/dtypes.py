@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -87,7 +88,35 @@ def result_type(ctx: LoweringContext, *operands: Any) -> np.dtype:
 
 def cast(x: Any, dtype: Any) -> Any:
     """``x`` as a JAX value of ``dtype`` (Python numbers included)."""
+    if _is_bool_to_number(x, dtype):
+        return _select_one_zero(x, dtype)
     return jnp.asarray(x, dtype=dtype)
+
+
+def astype(x: Any, dtype: Any) -> Any:
+    """``jnp.asarray(x).astype(dtype)``, with bool to floating or complex as in ``cast``."""
+    x = jnp.asarray(x)
+    if _is_bool_to_number(x, dtype):
+        return _select_one_zero(x, dtype)
+    return x.astype(dtype)
+
+
+def _is_bool_to_number(x: Any, dtype: Any) -> bool:
+    """True when ``x`` is a bool array (traced or not) and ``dtype`` is floating or complex."""
+    if dtype is None or not isinstance(x, jax.Array) or x.dtype != _BOOL:
+        return False
+    return _category(np.dtype(dtype)) >= 2
+
+
+def _select_one_zero(x: Any, dtype: Any) -> Any:
+    """A bool array as 1 and 0 of a floating or complex ``dtype``, through a select.
+
+    Never ``convert(x)``: XLA's algebraic simplifier rewrites ``multiply(convert(pred), y)`` into
+    ``select(pred, y, 0)`` (after turning ``convert(pred) / scalar`` into such a product), which
+    gives 0 where eager PyTorch's ``0 * inf`` and ``0 * nan`` give NaN. A select of constants
+    matches no such pattern: the multiply stays, fused with the select into the same loop.
+    """
+    return lax.select(x, jnp.ones(x.shape, dtype), jnp.zeros(x.shape, dtype))
 
 
 def bitcast(x: Any, dtype: Any, shape: tuple[int, ...]) -> Any:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lowerings.dtypes import cast, result_type
+from lowerings.dtypes import astype, cast, result_type
 from lowerings.registry import LoweringContext, lowering
 
 _REDUCED_FLOATS = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
@@ -34,7 +34,7 @@ def _operands(ctx: LoweringContext, *xs: Any) -> list[Any]:
 
 
 def _result(ctx: LoweringContext, y: Any) -> jax.Array:
-    return jnp.broadcast_to(jnp.asarray(y).astype(ctx.dtype), ctx.shape)
+    return jnp.broadcast_to(astype(y, ctx.dtype), ctx.shape)
 
 
 def _is_integral(x: Any) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from lowerings.dtypes import bitcast
+from lowerings.dtypes import astype, bitcast
 from lowerings.registry import lowering
 
 # Functionalized "_copy" twins (view_copy, permute_copy, ...) lower like their views.
@@ -196,18 +196,18 @@ def _identity(ctx, self, *args, **kwargs):
 
 @lowering("aten.copy.default")
 def _copy(ctx, self, src, non_blocking=False):
-    return jnp.broadcast_to(jnp.asarray(src).astype(ctx.dtype), ctx.shape)
+    return jnp.broadcast_to(astype(src, ctx.dtype), ctx.shape)
 
 
 @lowering("aten._to_copy.default")
 def _to_copy(ctx, self, **kwargs):
-    return self.astype(ctx.dtype)
+    return astype(self, ctx.dtype)
 
 
 @lowering("aten.cat.default")
 def _cat(ctx, tensors, dim=0):
     # PyTorch skips legacy empty 1-d tensors in cat.
-    parts = [t.astype(ctx.dtype) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    parts = [astype(t, ctx.dtype) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
     if not parts:
         return jnp.zeros(ctx.shape, ctx.dtype)
     return jnp.concatenate(parts, axis=dim % parts[0].ndim)
@@ -215,7 +215,7 @@ def _cat(ctx, tensors, dim=0):
 
 @lowering("aten.stack.default")
 def _stack(ctx, tensors, dim=0):
-    return jnp.stack([t.astype(ctx.dtype) for t in tensors], axis=dim % (tensors[0].ndim + 1))
+    return jnp.stack([astype(t, ctx.dtype) for t in tensors], axis=dim % (tensors[0].ndim + 1))
 
 
 def _split_at(ctx, self, dim, sizes):

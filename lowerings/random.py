@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lowerings.dtypes import cast
+from lowerings.dtypes import astype, cast
 from lowerings.registry import lowering
 
 
@@ -115,17 +115,17 @@ def _normal(ctx, mean=0.0, std=1.0, size=None, *, generator=None, **_):
 
 @lowering("aten.bernoulli_.float", "aten.bernoulli.p")
 def _bernoulli_p(ctx, self=None, p=0.5, *, generator=None):
-    return (_uniform(ctx) < cast(p, jnp.float32)).astype(ctx.dtype)
+    return astype(_uniform(ctx) < cast(p, jnp.float32), ctx.dtype)
 
 
 @lowering("aten.bernoulli_.Tensor", "aten.bernoulli.Tensor")
 def _bernoulli_t(ctx, self, p, *, generator=None):
-    return (_uniform(ctx) < p.astype(jnp.float32)).astype(ctx.dtype)
+    return astype(_uniform(ctx) < p.astype(jnp.float32), ctx.dtype)
 
 
 @lowering("aten.bernoulli.default")
 def _bernoulli(ctx, self, *, generator=None):
-    return (_uniform(ctx) < self.astype(jnp.float32)).astype(ctx.dtype)
+    return astype(_uniform(ctx) < self.astype(jnp.float32), ctx.dtype)
 
 
 @lowering("aten.exponential_.default")
