@@ -22,10 +22,12 @@ class ViewStep:
 
     ``access`` records ``op`` on the parent value (template operand 0); ``write`` records
     ``inverse_op`` on (parent value, new view value) = operands (0, 1) and yields the parent's new
-    value. ``inverse_op`` None makes the view read-only; ``error`` is then the message to raise.
+    value. ``inverse_op`` None makes the view read-only through this chain; ``error`` is then the
+    message to raise, and ``source`` (when known) the layout of the parent value, with which a
+    write can still go by address (lazy_core/window.py).
     """
 
-    __slots__ = ("op", "arg", "dtype", "shape", "inverse_op", "inverse_arg", "error")
+    __slots__ = ("op", "arg", "dtype", "shape", "inverse_op", "inverse_arg", "error", "source")
 
     def __init__(
         self,
@@ -36,9 +38,11 @@ class ViewStep:
         inverse_op: str | None,
         inverse_arg: Any = None,
         error: str = "",
+        source: Any = None,
     ):
         self.op, self.arg, self.dtype, self.shape = op, arg, dtype, shape
         self.inverse_op, self.inverse_arg, self.error = inverse_op, inverse_arg, error
+        self.source = source
 
     def access(self, parent: Node) -> Node:
         return Node(self.op, (parent,), self.arg, self.dtype, self.shape)

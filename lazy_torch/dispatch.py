@@ -35,7 +35,7 @@ from lazy_torch.eager_checks import check_inplace_overlap, eager_memo_rule
 from lazy_torch.foreach import foreach_handler
 from lazy_torch.resize import become, fallback_out_variant, out_variant
 from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, meta_of, wrap
-from lazy_torch.views import STORAGE_RELATIVE, VIEWS
+from lazy_torch.views import STORAGE_RELATIVE, STORAGE_STEP, VIEWS, write
 
 Handler = Callable[[Any, tuple, dict], Any]
 # The IR op of a foreach call recorded whole: arguments (element op, per-element templates).
@@ -603,11 +603,7 @@ def assign(target: LazyTensor, value: LazyTensor) -> None:
     assign_node(target, value._lazy.node)
 
 
-def assign_node(target: LazyTensor, node: Node) -> None:
-    try:
-        target._lazy.assign(node)
-    except NotWritable as e:
-        raise RuntimeError(str(e)) from None
+assign_node = write  # through its view steps, or by address where one has no inverse
 
 
 _OPTIONS = ("dtype", "layout", "device", "pin_memory")
@@ -725,13 +721,13 @@ def _view(func: Any, build: Callable, storage_relative: bool) -> Handler:
             entry = _view_cache[key] = (meta, tuple(steps))
         meta, steps = entry
         parent = self._lazy
-        if storage_relative:
+        if storage_relative and steps[0].op == STORAGE_STEP:
             parent = parent.storage
         if _is_single(meta):
             return wrap(parent.then(steps[0]), meta)
         return type(meta)(wrap(parent.then(step), m) for step, m in zip(steps, meta))
 
-    handle.native = (NATIVE_VIEW, str(func), storage_relative)
+    handle.native = None if storage_relative else (NATIVE_VIEW, str(func), False)
     return handle
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 import lazy_core
-from lazy_core import NotWritable
 from lazy_torch._dtypes import dtype_name
+from lazy_torch.views import write
 from lazy_torch.tensor import (
     LazyTensor,
     Meta,
@@ -253,10 +253,7 @@ def _flat(values: Any) -> list:
 
 
 def _assign(target: LazyTensor, value: LazyTensor) -> None:
-    try:
-        target._lazy.assign(value._lazy.node)
-    except NotWritable as e:
-        raise RuntimeError(str(e)) from None
+    write(target, value._lazy.node)
 
 
 def _eager_outs(

@@ -12,7 +12,7 @@ import torch
 import runtime
 from lazy_core import Node, Storage, View, data_leaf
 from lazy_core.ir import _native as _built_native
-from lazy_torch import _wrapper
+from lazy_torch import _wrapper, views
 from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy, torch_dtype
 from lazy_torch.sync import sync
 
@@ -220,7 +220,7 @@ def upload(t: torch.Tensor, device: int, meta: Meta | None = None) -> LazyTensor
 
 def assign_cpu(t: LazyTensor, value: torch.Tensor) -> None:
     """Give ``t`` (maybe a view) the value of CPU tensor ``value``: a transfer, then an Assign."""
-    t._lazy.assign(from_cpu(value, t._lazy.storage.device).node)
+    views.write(t, from_cpu(value, t._lazy.storage.device).node)
 
 
 def materialize(tensors: Iterable[LazyTensor], cause: str) -> None:

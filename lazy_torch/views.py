@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from lazy_core import ViewStep
+from lazy_core import NotWritable, ViewStep
+from lazy_core import window as _window
 from lazy_core.ir import operand
 from lazy_torch._dtypes import dtype_name
 
@@ -43,7 +44,10 @@ def _step(
     inverse_op: str | None,
     inverse_rest: tuple = (),
     error: str = "",
+    parent: Meta | None = None,
 ) -> ViewStep:
+    """``parent``: the Meta of the view's input, kept where the step has no inverse so that a
+    write can go by address (``write``)."""
     # A ``*_scatter`` write-back takes (parent, value, ...); a reshaping one only (value, ...).
     inputs = (_PARENT, _VALUE) if inverse_op and "scatter" in inverse_op else (_VALUE,)
     return ViewStep(
@@ -54,6 +58,7 @@ def _step(
         inverse_op,
         (inputs + inverse_rest, ()) if inverse_op else None,
         error,
+        parent if inverse_op is None else None,
     )
 
 
@@ -110,9 +115,8 @@ def _complex_view(name: str, inverse: str) -> Builder:
 def _expand(args, kwargs, out, parent):
     rest = tuple(_plain(a) for a in args[1:])
     # Broadcast dimensions repeat elements; eager forbids writes only when one is really repeated.
-    repeated = any(st == 0 and n > 1 for n, st in zip(out[0], out[1]))
-    inverse = None if repeated else "aten.view.default"
-    return [_step("aten.expand.default", rest, out, inverse, (parent[0],), OVERLAP_ERROR)]
+    inverse = None if not _window.distinct(out[:3]) else "aten.view.default"
+    return [_step("aten.expand.default", rest, out, inverse, (parent[0],), OVERLAP_ERROR, parent)]
 
 
 def _slice(args, kwargs, out, parent):
@@ -133,35 +137,52 @@ def _diagonal(args, kwargs, out, parent):
 def _unfold(args, kwargs, out, parent):
     rest = _args(args, kwargs, ("dimension", "size", "step"), (None, None, None))
     overlapping = rest[2] < rest[1] and out[0][rest[0] % max(len(parent[0]), 1)] > 1
-    inverse = None if overlapping else "lazy.unfold_scatter"
-    return [_step("aten.unfold.default", rest, out, inverse, rest, OVERLAP_ERROR)]
+    inverse = None if overlapping and _window.numel(out[0]) else "lazy.unfold_scatter"
+    return [_step("aten.unfold.default", rest, out, inverse, rest, OVERLAP_ERROR, parent)]
 
 
 def _as_strided(args, kwargs, out, parent):
-    # Strides and offset address the base storage, so this step applies to the storage value.
+    """Strides and offset address the storage's memory. A window inside the input's own elements
+    reads them by address (the input's layout says where each lies, whatever the layout of the
+    storage's value); any other reads the storage's value as laid out contiguously."""
     rest = _args(args, kwargs, ("size", "stride", "storage_offset"), (None, None, None))
     if rest[2] is None:  # eager keeps the input's own storage offset
         rest = (rest[0], rest[1], parent[2])
-    overlapping = len(set(_addresses(rest))) < _numel(rest[0])
-    inverse = None if overlapping else "aten.as_strided_scatter.default"
-    return [_step("aten.as_strided.default", rest, out, inverse, rest, OVERLAP_ERROR)]
+    distinct = _window.distinct(rest)
+    if _window.positions(parent[:3], rest) is not None:
+        layouts = (parent[:3], rest)
+        inverse = "lazy.memory_window_scatter" if distinct else None
+        return [_step("lazy.memory_window", layouts, out, inverse, layouts, OVERLAP_ERROR, parent)]
+    inverse = "aten.as_strided_scatter.default" if distinct else None
+    return [_step(STORAGE_STEP, rest, out, inverse, rest, OVERLAP_ERROR)]
 
 
-def _numel(size: Sequence[int]) -> int:
-    n = 1
-    for s in size:
-        n *= s
-    return n
+# The step of a view that applies to its storage's value rather than to its input's.
+STORAGE_STEP = "aten.as_strided.default"
 
 
-def _addresses(rest: tuple) -> list[int]:
-    size, stride, offset = rest
-    if _numel(size) > 1 << 16:  # too big to enumerate: assume distinct addresses, as PyTorch does
-        return list(range(_numel(size)))
-    addrs = [offset or 0]
-    for n, st in zip(size, stride):
-        addrs = [a + i * st for a in addrs for i in range(n)]
-    return addrs
+def write(target: Any, node: Any) -> None:
+    """Make ``node`` the value of lazy tensor ``target`` (maybe a view): an Assign through its view
+    steps. Where one of them has no inverse (an expand that repeats elements, overlapping unfold
+    windows), ``target`` is written by address into the value that step reads, unless two of its
+    own elements share memory: then eager's error."""
+    view = target._lazy
+    try:
+        view.assign(node)
+        return
+    except NotWritable as e:
+        error = str(e)
+    steps = view.steps
+    k = next(i for i, s in enumerate(steps) if s.inverse_op is None)
+    source, meta = steps[k].source, target._meta
+    if source is None or source[3] != meta[3] or not _window.distinct(meta[:3]):
+        raise RuntimeError(error) from None
+    prefix = view.storage
+    for step in steps[:k]:
+        prefix = prefix.then(step)
+    layouts = (source[:3], meta[:3])
+    step = _step("lazy.memory_window", layouts, meta, "lazy.memory_window_scatter", layouts)
+    prefix.assign(step.write(prefix.node, node))
 
 
 def _split_steps(dim: int, sizes: Sequence[int], outs: Sequence[Meta], parent: Meta):
@@ -223,5 +244,5 @@ VIEWS: dict[Any, Builder] = {
     aten.split_with_sizes.default: _split_with_sizes,
     aten.unbind.int: _unbind,
 }
-# Views that address the storage itself rather than their input's value.
+# Views that may address the storage itself rather than their input's value (``STORAGE_STEP``).
 STORAGE_RELATIVE = frozenset({aten.as_strided.default})

@@ -31,6 +31,7 @@ from lowerings import (  # noqa: E402, F401
     selection,
     sorting,
     special,
+    windows,
 )
 
 __all__ = ["LOWERINGS", "LoweringContext", "lowering"]

@@ -37,7 +37,7 @@ CASES = [
     (aten.slice.Tensor, lambda x, y, w: (x, 1, 0, 2), {}),
     (aten.split.Tensor, lambda x, y, w: (x, 2), {}),
     (aten.unbind.int, lambda x, y, w: (x,), {}),
-    (aten.as_strided.default, lambda x, y, w: (x, [2, 2], [1, 2], 1), {}),
+    # (as_strided is not here: where it reads by address depends on its input, in Python.)
     (aten.detach.default, lambda x, y, w: (x,), {}),
     (aten.native_layer_norm.default, lambda x, y, w: (x, [3], y[0], None, 1e-5), {}),
     (aten.max.dim, lambda x, y, w: (x, 1), {}),
