@@ -19,7 +19,6 @@ import torch
 
 import lazy_core
 from lazy_torch._dtypes import dtype_name
-from lazy_torch.views import write
 from lazy_torch.tensor import (
     LazyTensor,
     Meta,
@@ -30,6 +29,7 @@ from lazy_torch.tensor import (
     to_cpu,
     wrap,
 )
+from lazy_torch.views import write
 
 aten = torch.ops.aten
 
