@@ -235,5 +235,6 @@ def _native_dropout(ctx, input, p, train):
         return input, jnp.ones(ctx.shapes[1], jnp.bool_)
     keep = _uniform(ctx) >= p
     scale = 1.0 / (1.0 - p) if p < 1 else 0.0
-    out = jnp.where(keep, input * jnp.asarray(scale, input.dtype), jnp.zeros((), input.dtype))
+    # Eager multiplies by the mask, so a dropped inf or nan is nan there too (a select gives 0).
+    out = input * astype(keep, input.dtype) * jnp.asarray(scale, input.dtype)
     return out, keep

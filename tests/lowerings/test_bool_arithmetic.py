@@ -199,3 +199,25 @@ def test_copy_of_bool_into_float():
 
 def test_where_of_bool_times_special():
     _check(lambda d: torch.where(_mask(d), 1.0, 0.0) * _special(d))
+
+
+# --- dropout: eager multiplies by its mask, so a dropped inf or nan is nan -------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("p", [0.0, 1.0])
+def test_native_dropout_of_certain_mask(p, dtype):
+    _check(lambda d: torch.native_dropout(_special(d, dtype), p, True)[0])
+    _check(lambda d: torch.native_dropout(_special(d, dtype), p, True)[1])
+    _check(lambda d: torch.nn.functional.dropout(_special(d, dtype), p, training=True))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_native_dropout_of_special_values(dtype):
+    x = SPECIAL.repeat(16).to(dtype)
+    out, mask = torch.native_dropout(x.to("lazy"), 0.5, True)
+    lazy_torch.mark_step()
+    out, mask = out.cpu(), mask.cpu()
+    assert mask.any() and not mask.all()
+    # The draw differs from eager's; the values are eager's for the draw made.
+    torch.testing.assert_close(out, x * mask.to(dtype) * 2.0, rtol=0, atol=0, equal_nan=True)
