@@ -49,16 +49,14 @@ KNOWN_FAILURES: dict[str, Known] = {
         source=r"/ (torch\.tensor\()?-?(False|0|0\.0)\b",
     ),
     "overlapping_writes": Known(
-        "Eager CPU writes into a tensor whose elements share memory with fill_ and index_put_ "
-        "(a deprecation warning; every element sharing a location shows the write), lazy raises "
-        "'unsupported operation: more than one element of the written-to tensor refers to a "
-        "single memory location': x = torch.zeros(1, device='lazy').expand(3); x.fill_(3), "
-        "x[torch.tensor([1])] = 3.0, x[x == 0] = 3.0, x.index_put_((torch.tensor([1]),), "
-        "torch.tensor(1.0), accumulate=True); and where the overlap is too hard for eager to "
-        "see (unfold windows), every in-place op: x = torch.ones(2, 3).unfold(1, 2, 1); x *= x; "
-        "and lazy raises where no element is shared: an empty expanded tensor, "
-        "torch.ones(0, 1).expand(0, 3).neg_(), or an expanded dim sliced back to size 1, "
-        "torch.ones(2, 1).expand(2, 2)[:, :1].add_(1) (eager writes both).",
+        "Writes into a tensor whose own elements share memory. Eager CPU accepts fill_ and "
+        "zero_, and index_put_, masked_fill_ and index_fill_ with a deprecation warning (every "
+        "element sharing a location shows the write): x = torch.zeros(1, device='lazy')"
+        ".expand(3); x.fill_(3), x[torch.tensor([1])] = 3.0, x[x == 0] = 3.0; and where no "
+        "stride is 0 (overlapping unfold windows, as_strided) any in-place op, in an order its "
+        "loops decide: x = torch.ones(2, 3).unfold(1, 2, 1); x *= x. Lazy raises eager's "
+        "'more than one element of the written-to tensor refers to a single memory location'. "
+        "(Writes through such a view into elements that share no memory go by address.)",
         kinds=("write_overlap",),
     ),
 }
