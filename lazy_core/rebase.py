@@ -11,6 +11,7 @@ records the same graph each time instead of one that grows by an iteration per s
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from lazy_core.ir import PARAM_OPS, Node, data_leaf
 
@@ -89,13 +90,25 @@ def rebase(storages: Iterable[object], computed: dict[int, Node]) -> None:
             s.set(new)
 
 
-def _rebuilt(root: Node, memo: dict[int, Node]) -> Node:
+def substituted(roots: Sequence[Node], memo: dict[int, Node], replace: Any = None) -> list[Node]:
+    """``roots`` with every node in ``memo`` (identity -> replacement) replaced, and every node
+    for which ``replace(node)`` gives a node (the walk stops there); the nodes between are rebuilt.
+    ``memo`` gains every node walked, so later calls share the rebuilt nodes."""
+    return [_rebuilt(root, memo, replace) for root in roots]
+
+
+def _rebuilt(root: Node, memo: dict[int, Node], replace: Any = None) -> Node:
     """``root`` with every node in ``memo`` replaced (iterative post-order: graphs run deep)."""
     stack = [(root, False)]
     while stack:
         n, expanded = stack.pop()
         if id(n) in memo:
             continue
+        if replace is not None and not expanded:
+            new = replace(n)
+            if new is not None:
+                memo[id(n)] = new
+                continue
         if not n.src:
             memo[id(n)] = n
             continue

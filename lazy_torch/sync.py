@@ -44,6 +44,8 @@ def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
 _donation_plans: dict[int, tuple[tuple, tuple]] = {}
 
 _step = {"end": None, "synced": 0.0}  # when the last mark_step returned; sync time since
+# While lazy_torch.compile watches a call: the (cause, user line) of each sync it makes.
+capture: list | None = None
 
 
 def sync(storages: Iterable[Storage], cause: str, held: set[int] | None = None) -> None:
@@ -53,6 +55,8 @@ def sync(storages: Iterable[Storage], cause: str, held: set[int] | None = None) 
     that live storages hold) lets the graph reuse the other buffers it reads. If compiling fails,
     every storage keeps its pending value.
     """
+    if capture is not None:
+        capture.append((cause, user_site()))
     start = time.perf_counter()
     try:
         _sync(storages, cause, held)

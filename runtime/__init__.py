@@ -13,9 +13,10 @@ from runtime.executor import (
     wait_device_ops,
 )
 from runtime.launcher import resolve
-from runtime.program import has_lowering, op_category, rng_state
+from runtime.program import CALL, has_lowering, op_category, register_call, rng_state
 
 __all__ = [
+    "CALL",
     "GraphError",
     "check_errors",
     "config",
@@ -26,6 +27,7 @@ __all__ = [
     "metrics",
     "op_category",
     "platform_of",
+    "register_call",
     "resolve",
     "reused_buffers",
     "rng_state",

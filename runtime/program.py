@@ -20,9 +20,23 @@ _RNG = "_rng"
 _RNG_INDEX = "_rng_index"
 
 
+# A captured region (lazy_torch.compile): one node whose ``arg`` is the key of a graph registered
+# with ``register_call``, inlined where it is used; its operands are that graph's parameters.
+CALL = "lazy.call"
+# Graph key -> (plan, output positions) of each registered region. The key is the graph's
+# 128-bit structural digest (lazy_core.graph.cut_graph), so equal keys are equal computations.
+_calls: dict[int, tuple[tuple, tuple[int, ...]]] = {}
+
+
+def register_call(key: int, plan: tuple, outputs: tuple[int, ...]) -> None:
+    """Make ``CALL`` nodes whose ``arg`` is ``key`` compute ``outputs`` of ``plan`` (a graph's
+    plan, lazy_core.graph.Graph.plan) from their operands, in parameter order."""
+    _calls.setdefault(key, (plan, outputs))
+
+
 def has_lowering(op: str) -> bool:
     """True when graphs containing ``op`` can be compiled."""
-    return op in LOWERINGS
+    return op in LOWERINGS or op == CALL
 
 
 def op_category(op: str) -> str | None:
@@ -133,21 +147,8 @@ def build_function(
         numbers = {a: args[slots[a][0]][slots[a][1]] for op, a, *_ in plan if op == SCALAR}
         scalars = tuple(numbers.values())
         checks: list = []
-        env: list[Any] = []
-        for op, arg, dtype, shape, src in plan:
-            if op == DATA:
-                value = args[slots[arg][0]]
-            elif op == SCALAR:
-                value = numbers[arg]
-            elif op == CONSTANT:
-                wrapped, number = arg
-                value = number if wrapped else jnp.asarray(number, dtype=dtype)
-            elif op == GETITEM:
-                value = env[src[0]][arg]
-            else:
-                operands = [env[s] for s in src]
-                value = _apply(op, arg, dtype, shape, operands, scalars, checks, platform)
-            env.append(value)
+        params = [numbers[i] if i in numbers else args[slots[i][0]] for i in range(len(slots))]
+        env = _evaluate(plan, params, scalars, checks, platform)
         errors[:] = [error for _, error in checks]
         result = tuple(env[i] for i in outputs)
         rows = jnp.stack([c for c, _ in checks]) if checks else jnp.zeros((0, 2), jnp.int64)
@@ -155,3 +156,26 @@ def build_function(
 
     run.errors = errors
     return run
+
+
+def _evaluate(plan: tuple, params: list, scalars: tuple, checks: list, platform: str) -> list:
+    """The value of every entry of ``plan``, its parameter ``i`` being ``params[i]``; a CALL
+    entry evaluates its registered plan on its operands (inlined: one program)."""
+    env: list[Any] = []
+    for op, arg, dtype, shape, src in plan:
+        if op == DATA or op == SCALAR:
+            value = params[arg]
+        elif op == CONSTANT:
+            wrapped, number = arg
+            value = number if wrapped else jnp.asarray(number, dtype=dtype)
+        elif op == GETITEM:
+            value = env[src[0]][arg]
+        elif op == CALL:
+            inner, outs = _calls[arg]
+            values = _evaluate(inner, [env[s] for s in src], scalars, checks, platform)
+            value = tuple(values[i] for i in outs)
+        else:
+            operands = [env[s] for s in src]
+            value = _apply(op, arg, dtype, shape, operands, scalars, checks, platform)
+        env.append(value)
+    return env

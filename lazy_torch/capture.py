@@ -1,0 +1,567 @@
+"""Capture once, replay: ``lazy_torch.compile`` makes a module's forward, and its backward, one
+node each in the lazy graph.
+
+The first call under new guards runs op by op as always, and is watched: every storage it reads
+that existed before the call (parameters, buffers, the arguments' storages, the RNG state) becomes
+an input of the region, every such storage it writes (BatchNorm's running statistics) an output,
+and its backward is recorded once more, from placeholder gradients. Both are registered as graphs
+(``runtime.register_call``). Later calls under the same guards record one ``lazy.call`` node for
+the forward and, through an autograd Function, one for the backward; their lowering inlines the
+registered graph, so a step is still one program per ``mark_step`` with the loss and the
+optimizer. Activations the backward reads are outputs of the forward node, read through
+``getitem`` nodes, never wrapped as tensors.
+
+A call that syncs (``.item()``, a CPU fallback, a data-dependent shape) is not pure IR: its guards
+run op by op for good, with one warning naming the cause and the user's line.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+import runtime
+from lazy_core import Node, cut_graph, data_leaf, digest, getitem, live_storages
+from lazy_core.rebase import substituted
+from lazy_torch import amp
+from lazy_torch import rng as _rng
+from lazy_torch import sync as _sync
+from lazy_torch.sites import user_site
+from lazy_torch.tensor import LazyTensor, dense_meta, fresh
+
+CAPTURE_LIMIT = 64  # captures per compiled object; then it runs op by op for good
+_EAGER = "op by op"  # a guard set whose calls cannot be captured
+
+
+class _Slot:
+    """The payload of a placeholder leaf: a parameter of a captured graph, distinct by identity."""
+
+    __slots__ = ()
+
+
+def _placeholder(node: Node) -> Node:
+    return data_leaf(_Slot(), node.dtype, node.shape)
+
+
+class _Region:
+    """One captured graph, registered with the runtime: its key, the role of each of its
+    parameters, and its outputs' dtypes and shapes.
+
+    A role is ``("arg", k)`` (the storage value of tensor argument ``k``), ``("tensor", t)`` (that
+    of tensor ``t``: a parameter, a buffer), ``("storage", s)`` (storage ``s``, another tensor the
+    function reads), ``("rng",)`` (the device RNG state past the draws so far), ``("node", n)`` (a
+    leaf of its own: a Python number, a tensor made inside), ``("saved", k)`` (activation ``k`` of
+    the forward node) or ``("tangent", k)`` (the gradient of differentiable output ``k``)."""
+
+    __slots__ = ("dtypes", "key", "roles", "shapes")
+
+    def __init__(self, roots: list[Node], roles: dict[int, tuple]):
+        graph = cut_graph(roots)
+        position = {id(n): i for i, n in enumerate(graph.nodes)}
+        outputs = tuple(position[id(r)] for r in roots)
+        self.key = digest((graph.key, outputs))
+        runtime.register_call(self.key, graph.plan(), outputs)
+        self.roles = tuple(roles.get(id(p), ("node", p)) for p in graph.params)
+        self.dtypes = tuple(r.dtype for r in roots)
+        self.shapes = tuple(r.shape for r in roots)
+
+    def node(self, value: Callable[[tuple], Node]) -> Node:
+        operands = tuple([value(role) for role in self.roles])
+        return Node(runtime.CALL, operands, self.key, self.dtypes, self.shapes)
+
+
+def _storage_of(role: tuple, tensors: list) -> Any:
+    kind = role[0]
+    if kind == "arg":
+        return tensors[role[1]]._lazy.storage
+    if kind == "tensor":
+        return role[1]._lazy.storage
+    return role[1]
+
+
+class _Capture:
+    """What one capture found, and how to replay it."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.forward: _Region | None = None
+        self.backward: _Region | None = None
+        self.out_spec: Any = None
+        self.flat: list[Any] = []  # the flat outputs as captured (non-tensors are returned as is)
+        self.outputs: list[tuple[int, tuple]] = []  # (flat position, Meta) per tensor output
+        self.mutated: list[tuple] = []  # the role of each storage the forward writes
+        self.saved = 0  # activations the backward reads
+        self.draws = 0  # random draws the forward makes
+        self.diff_outputs: list[int] = []  # tensor outputs whose gradients the backward takes
+        self.diff_inputs: list[tuple] = []  # ("arg", k) or ("tensor", t) per gradient it gives
+        self.grads: list[int | None] = []  # per diff input: its output of the backward node
+
+    def replay(self, tensors: list[LazyTensor]) -> Any:
+        """The outputs of a call whose tensor arguments are ``tensors`` (flat)."""
+        rng_node = None
+        if self.draws:
+            state = _rng._rng(self.device)
+            rng_node = state.moved(_rng._SKIP)
+            state.draws += self.draws
+
+        def value(role: tuple) -> Node:
+            if role[0] == "rng":
+                return rng_node
+            if role[0] == "node":
+                return role[1]
+            return _storage_of(role, tensors).node
+
+        node = self.forward.node(value)
+        if self.backward is not None and torch.is_grad_enabled():
+            diff = [tensors[r[1]] if r[0] == "arg" else r[1] for r in self.diff_inputs]
+            outs = _Call.apply(self, node, *diff)
+        else:
+            outs = self.wrap(node)
+        base = len(self.outputs)
+        for k, role in enumerate(self.mutated):
+            _storage_of(role, tensors).set(getitem(node, base + k))
+        flat = list(self.flat)
+        for (pos, _), t in zip(self.outputs, outs):
+            flat[pos] = t
+        return pytree.tree_unflatten(flat, self.out_spec)
+
+    def wrap(self, node: Node) -> tuple:
+        return tuple(
+            fresh(getitem(node, k), self.device, meta) for k, (_, meta) in enumerate(self.outputs)
+        )
+
+
+class _Call(torch.autograd.Function):
+    """A replayed forward node for autograd; its backward records the backward node."""
+
+    @staticmethod
+    def forward(ctx, capture, node, *diff):
+        ctx.capture, ctx.node = capture, node
+        outs = capture.wrap(node)
+        ctx.mark_non_differentiable(*(t for t in outs if not t.is_floating_point()))
+        return outs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        capture, node = ctx.capture, ctx.node
+        inputs = dict(zip(capture.forward.roles, node.src))  # roles are unique per parameter
+        base = len(capture.outputs) + len(capture.mutated)
+
+        def value(role: tuple) -> Node:
+            kind = role[0]
+            if kind == "saved":
+                return getitem(node, base + role[1])
+            if kind == "tangent":
+                return grads[capture.diff_outputs[role[1]]]._lazy.node
+            if kind == "node":
+                return role[1]
+            return inputs[role]
+
+        back = capture.backward.node(value)
+        out: list[Any] = [None, None]
+        for slot in capture.grads:
+            if slot is None:
+                out.append(None)
+            else:
+                meta = dense_meta(back.shape[slot], _torch_dtype(back.dtype[slot]))
+                out.append(fresh(getitem(back, slot), capture.device, meta))
+        return tuple(out)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    from lazy_torch._dtypes import torch_dtype
+
+    return torch_dtype(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Capturing: one watched call.
+
+
+class _Watch:
+    """Watches one call: the storages alive before it (with the node each held), the RNG state
+    it draws from, and the first sync it makes."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        state = _rng._rng(device)
+        if state.draws:  # draws count from 0 in the region: its state input is moved past them
+            state.storage.set(state.moved(_rng._SKIP))
+            state.draws = 0
+        self.rng = state
+        self.before = {id(s.node): (s.node, s) for s in live_storages()}
+        self.others = {d: s.draws for d, s in _rng._states.items() if d != device}
+
+    def __enter__(self) -> _Watch:  # noqa: PYI034
+        self.previous = _sync.capture
+        _sync.capture = self.breaks = []
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _sync.capture = self.previous
+
+    def broken(self) -> str | None:
+        """Why the call cannot be replayed from IR, or None."""
+        if self.breaks:
+            cause, site = self.breaks[0]
+            return f"it syncs ({cause}) at {site}"
+        if any(_rng._states[d].draws != n for d, n in self.others.items() if d in _rng._states):
+            return "it draws random numbers on another device"
+        return None
+
+
+def _capture(
+    fn: Callable, args: tuple, kwargs: dict, owned: dict[int, LazyTensor], device: int
+) -> tuple[Any, _Capture | str]:
+    """Run ``fn(*args, **kwargs)`` op by op, watched; its result, and the capture (or why there
+    is none). ``owned`` maps storage ids to the tensors owning them (parameters, buffers)."""
+    flat_in, _ = pytree.tree_flatten((args, kwargs))
+    tensors = [t for t in flat_in if isinstance(t, LazyTensor)]
+    watch = _Watch(device)
+    with watch:
+        result = fn(*args, **kwargs)
+    why = watch.broken()
+    if why is not None:
+        return result, why
+    capture = _Capture(device)
+    capture.draws = watch.rng.draws
+    flat_out, capture.out_spec = pytree.tree_flatten(result)
+    capture.flat = [None if isinstance(v, torch.Tensor) else v for v in flat_out]
+    outs = [(k, v) for k, v in enumerate(flat_out) if isinstance(v, torch.Tensor)]
+    if any(type(v) is not LazyTensor for _, v in outs):
+        return result, "it returns a tensor that is not on the lazy device"
+    before = watch.before
+    if any(id(v._lazy.storage.node) in before for _, v in outs):
+        return result, "it returns a tensor that shares memory with one that existed before"
+    capture.outputs = [(k, v._meta) for k, v in outs]
+
+    # Where each storage read comes from.
+    sources: dict[int, tuple] = {}
+    for s_id, t in owned.items():
+        sources[s_id] = ("tensor", t)
+    for k, t in enumerate(tensors):
+        sources[id(t._lazy.storage)] = ("arg", k)
+    leaves = _grad_leaves([v for _, v in outs], tensors)
+    for t in leaves:
+        sources.setdefault(id(t._lazy.storage), ("tensor", t))
+    sources[id(watch.rng.storage)] = ("rng",)
+
+    roles: dict[int, tuple] = {}
+    placeholders: dict[int, Node] = {}  # id(storage) -> its placeholder
+
+    def replace(n: Node) -> Node | None:
+        found = before.get(id(n))
+        if found is None or found[0] is not n:
+            return None
+        storage = found[1]
+        p = placeholders.get(id(storage))
+        if p is None:
+            p = placeholders[id(storage)] = _placeholder(n)
+            roles[id(p)] = sources.get(id(storage), ("storage", storage))
+        return p
+
+    # Storages written: their new value is an output, written back by each replay.
+    mutated = [
+        s for node, s in before.values() if s.node is not node and s is not watch.rng.storage
+    ]
+    for s in mutated:
+        role = sources.get(id(s), ("storage", s))
+        if role[0] == "storage" or (role[0] == "arg" and tensors[role[1]].requires_grad):
+            return (
+                result,
+                "it writes into a tensor it was not given, or into one that requires grad",
+            )
+        if role[0] == "tensor" and role[1].requires_grad:
+            return result, "it writes into a parameter"
+        capture.mutated.append(role)
+    memo: dict[int, Node] = {}
+    forward = substituted(
+        [v._lazy.node for _, v in outs] + [s.node for s in mutated], memo, replace
+    )
+
+    backward_roots: list[Node] = []
+    if torch.is_grad_enabled():
+        backward_roots = _record_backward(capture, outs, tensors, leaves, roles)
+        backward_roots = substituted(backward_roots, memo, replace)
+    if backward_roots:
+        inside = _closure(forward)
+        saved: dict[int, Node] = {}
+        backward_roots = substituted(backward_roots, {}, lambda n: _saved(n, inside, saved, roles))
+        forward += [n for n, _ in saved.values()]
+        capture.saved = len(saved)
+    capture.forward = _Region(forward, roles)
+    if backward_roots:
+        capture.backward = _Region(backward_roots, roles)
+    return result, capture
+
+
+def _saved(n: Node, inside: set[int], saved: dict[int, tuple], roles: dict[int, tuple]) -> Any:
+    """The placeholder of forward activation ``n`` in the backward graph (numbered in the order
+    the backward meets them), or None for a node of the backward's own or a leaf."""
+    if not n.src or id(n) not in inside:
+        return None
+    entry = saved.get(id(n))
+    if entry is None:
+        p = _placeholder(n)
+        roles[id(p)] = ("saved", len(saved))
+        entry = saved[id(n)] = (n, p)
+    return entry[1]
+
+
+def _closure(roots: list[Node]) -> set[int]:
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if id(n) not in seen:
+            seen.add(id(n))
+            stack.extend(n.src)
+    return seen
+
+
+def _grad_leaves(outs: list[LazyTensor], tensors: list[LazyTensor]) -> list[LazyTensor]:
+    """The leaf tensors requiring grad that a backward from ``outs`` reaches (parameters), not
+    looking past the arguments ``tensors``."""
+    stop = {t.grad_fn for t in tensors if t.grad_fn is not None}
+    found: dict[int, LazyTensor] = {}
+    seen: set = set()
+    stack = [t.grad_fn for t in outs if t.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn in seen or fn in stop:
+            continue
+        seen.add(fn)
+        variable = getattr(fn, "variable", None)
+        if isinstance(variable, LazyTensor):
+            found.setdefault(id(variable), variable)
+        stack.extend(f for f, _ in fn.next_functions if f is not None)
+    return list(found.values())
+
+
+def _record_backward(
+    capture: _Capture, outs: list, tensors: list, leaves: list, roles: dict[int, tuple]
+) -> list[Node]:
+    """Record the backward once from placeholder gradients; its gradient nodes, one per
+    differentiable input that gets one (``capture.grads`` says which)."""
+    diff_out = [i for i, (_, v) in enumerate(outs) if v.requires_grad and v.is_floating_point()]
+    args = [("arg", k) for k, t in enumerate(tensors) if t.requires_grad]
+    inputs = args + [("tensor", t) for t in leaves]
+    if not diff_out or not inputs:
+        return []
+    tangents = []
+    for j, i in enumerate(diff_out):
+        v = outs[i][1]
+        leaf = data_leaf(_Slot(), v._lazy.node.dtype, v._lazy.node.shape)
+        roles[id(leaf)] = ("tangent", j)
+        tangents.append(fresh(leaf, capture.device, dense_meta(tuple(v.shape), v.dtype)))
+    targets = [tensors[r[1]] if r[0] == "arg" else r[1] for r in inputs]
+    with torch.enable_grad():
+        grads = torch.autograd.grad(
+            [outs[i][1] for i in diff_out], targets, tangents, retain_graph=True, allow_unused=True
+        )
+    capture.diff_outputs = diff_out
+    capture.diff_inputs = inputs
+    roots: list[Node] = []
+    for g in grads:
+        if g is None:
+            capture.grads.append(None)
+        else:
+            capture.grads.append(len(roots))
+            roots.append(g._lazy.node)
+    return roots
+
+
+# ----------------------------------------------------------------------------------------------
+# Guards and the public entry point.
+
+
+def _describe(v: Any) -> Any:
+    """``v`` as a guard: type-exact (8 and 8.0, True and 1, 0.0 and -0.0 differ); a lazy tensor
+    by its layout, gradient flag, device, storage shape and view steps."""
+    if type(v) is LazyTensor:
+        view = v._lazy
+        storage = view.storage
+        return (v._meta, v.requires_grad, storage.device, storage.node.shape, view.steps)
+    if isinstance(v, torch.Tensor):
+        return ("tensor not on the lazy device", v)
+    if type(v) is float:
+        return (float, v.hex())
+    if v is None or type(v) in (bool, int, str, torch.dtype, torch.device):
+        return (type(v), v)
+    return (type(v), v)  # held by the key, so its identity is never reused while it stands
+
+
+def _state() -> tuple:
+    return (
+        ("grad mode", torch.is_grad_enabled(), torch.is_inference_mode_enabled()),
+        ("autocast", amp.is_autocast_enabled(), amp.get_autocast_dtype()),
+        ("float32 matmul precision", torch.get_float32_matmul_precision()),
+    )
+
+
+class _Compiled:
+    """The captures of one compiled function or module, by guards."""
+
+    def __init__(self, fn: Callable, module: torch.nn.Module | None) -> None:
+        self.fn = fn  # for a module: its forward, unbound
+        self.module = module
+        self.captures: dict[tuple, _Capture | str] = {}
+        self.last: tuple | None = None
+        self.warned = False
+        if module is not None:
+            self.modules = list(module.modules())
+            self.slots = [
+                (m, d, name)
+                for m in self.modules
+                for d in (m._parameters, m._buffers)
+                for name in d
+            ]
+
+    def __reduce__(self) -> tuple:  # deepcopy and pickle: a fresh object, nothing captured
+        return (_Compiled, (self.fn, self.module))
+
+    def _module_guards(self) -> tuple:
+        tensors = tuple(d[name] for _, d, name in self.slots)
+        return (
+            ("training", tuple(m.training for m in self.modules)),
+            ("parameters", tuple((t, _describe(t)) for t in tensors)),
+        )
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        module = self.module
+        call = self.fn if module is None else functools.partial(self.fn, module)
+        if module is not None and _hooked(self.modules):
+            return self._op_by_op(call, args, kwargs, "the module has hooks")
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        guards = (("arguments", spec, tuple(_describe(v) for v in flat)), *_state())
+        if module is not None:
+            guards += self._module_guards()
+        entry = self.captures.get(guards)
+        if entry is None:
+            return self._capture(call, args, kwargs, guards, flat)
+        if entry is _EAGER:
+            return call(*args, **kwargs)
+        return entry.replay([v for v in flat if type(v) is LazyTensor])
+
+    def _capture(self, call: Callable, args: tuple, kwargs: dict, guards: tuple, flat: list) -> Any:
+        tensors = [v for v in flat if type(v) is LazyTensor]
+        owned: dict[int, LazyTensor] = {}
+        if self.module is not None:
+            for _, d, name in self.slots:
+                t = d[name]
+                if type(t) is LazyTensor:
+                    owned.setdefault(id(t._lazy.storage), t)
+        devices = [t._lazy.device for t in tensors] + [t._lazy.device for t in owned.values()]
+        if not devices:
+            return call(*args, **kwargs)  # nothing on the lazy device
+        if len(self.captures) >= CAPTURE_LIMIT:
+            return self._op_by_op(call, args, kwargs, f"it was captured {CAPTURE_LIMIT} times")
+        if any(isinstance(v, torch.Tensor) and type(v) is not LazyTensor for v in flat):
+            self.captures[guards] = _EAGER
+            return self._op_by_op(call, args, kwargs, "an argument is not on the lazy device")
+        runtime.metrics.count("captures")
+        why = self._changed(guards)
+        site = user_site()
+        if why is not None:
+            runtime.metrics.count("recaptures")
+            runtime.metrics.site("recaptures", f"{site} ({why} changed)")
+            if runtime.config.DEBUG:
+                print(f"[lazy] {self._name()} captured again at {site}: {why} changed")
+        self.last = guards
+        result, capture = _capture(call, args, kwargs, owned, devices[0])
+        if isinstance(capture, str):
+            self.captures[guards] = _EAGER
+            self._warn(f"{capture}", site)
+        else:
+            self.captures[guards] = capture
+        return result
+
+    def _changed(self, guards: tuple) -> str | None:
+        if self.last is None:
+            return None
+        for (name, *new), (_, *old) in zip(guards, self.last):
+            if new != old:
+                return name
+        return "guards"
+
+    def _op_by_op(self, call: Callable, args: tuple, kwargs: dict, why: str) -> Any:
+        self._warn(why, user_site())
+        return call(*args, **kwargs)
+
+    def _warn(self, why: str, site: str) -> None:
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"lazy_torch.compile: {self._name()} runs op by op, as it is not captured: "
+                f"{why} (called at {site})",
+                stacklevel=4,
+            )
+
+    def _name(self) -> str:
+        return type(self.module).__name__ if self.module is not None else self.fn.__qualname__
+
+
+def _hooked(modules: list[torch.nn.Module]) -> bool:
+    nn = torch.nn.modules.module
+    if nn._global_forward_hooks or nn._global_forward_pre_hooks or nn._global_backward_hooks:
+        return True
+    return any(
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        for m in modules
+    )
+
+
+def _forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return self.__dict__["_lazy_compiled"](args, kwargs)
+
+
+_forward.__name__ = "forward"
+
+
+def compile(fn: Any) -> Any:
+    """Capture ``fn`` (an ``nn.Module`` or a function) once and replay it as one node for its
+    forward and one for its backward in the lazy graph, so a step's host time no longer grows
+    with its op count.
+
+    A module is returned itself, its ``forward`` replaced: ``state_dict``, ``parameters()``,
+    ``train()``/``eval()`` and ``to()`` work as before. A call captures again when its guards
+    change: the arguments' shapes, dtypes, strides and ``requires_grad``, the parameters and
+    buffers (identity and layout), ``training``, grad mode, autocast and the float32 matmul
+    precision (``lazy_torch.metrics.counters()``: ``captures``, ``recaptures``). Learning
+    rates, optimizer state and dropout's random draws never do. A call that syncs runs op by op,
+    with one warning.
+
+    >>> import torch, lazy_torch
+    >>> model = lazy_torch.compile(torch.nn.Linear(4, 2).to("lazy"))
+    >>> loss = model(torch.ones(3, 4, device="lazy")).sum()
+    >>> loss.backward()
+    >>> lazy_torch.mark_step()
+    >>> model.weight.grad.shape
+    torch.Size([2, 4])
+    """
+    if isinstance(fn, torch.nn.Module):
+        forward = fn.forward
+        original = forward.__func__ if getattr(forward, "__self__", None) is fn else forward
+        if original is _forward:
+            return fn  # compiled already
+        unbound = (
+            original if hasattr(forward, "__self__") else (lambda self, *a, **k: forward(*a, **k))
+        )
+        fn.__dict__["_lazy_compiled"] = _Compiled(unbound, fn)
+        fn.forward = types.MethodType(_forward, fn)
+        return fn
+    compiled = _Compiled(fn, None)
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return compiled(args, kwargs)
+
+    run._lazy_compiled = compiled
+    return run
