@@ -25,6 +25,7 @@ from lazy_torch import (  # noqa: F401
     ops,
     serialization,
 )
+from lazy_torch.capture import compile
 from lazy_torch.data import DeviceLoader, to_device
 from lazy_torch.foreach import declare_foreach_support
 from lazy_torch.rng import manual_seed
@@ -61,6 +62,7 @@ __all__ = [
     "DeviceLoader",
     "LazyTensor",
     "amp",
+    "compile",
     "debug",
     "device",
     "device_count",
