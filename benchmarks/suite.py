@@ -1,18 +1,31 @@
 """Workload suite: eager PyTorch vs device='lazy' (vs torch.compile on cuda) vs pure-JAX ceilings.
 
 PYTHONPATH=. python benchmarks/suite.py [--steps 20] [--warmup 3] [--device cpu|cuda]
-    [--size small|gpt2-124m] [--amp bf16] [--backends eager,lazy,jax]
+    [--size small|gpt2-124m] [--amp bf16] [--backends eager,lazy,lazy+compile,lazy+dynamo,jax]
     [--json benchmarks/results/NAME.json] [mlp cnn gpt2 bert]
 
 Every workload runs a training step and an inference step (``model.eval()``, ``torch.no_grad()``)
 on each backend in this one process, from the same initial weights and one fixed random batch
 moved to the device before timing. After ``--warmup`` steps, ``--steps`` steps are each timed to
 the end of their device work (lazy: ``mark_step()`` then ``wait_device_ops()``; cuda:
-``torch.cuda.synchronize()``; jax: ``block_until_ready``) and the median is reported.
+``torch.cuda.synchronize()``; jax: ``block_until_ready``) and the median is reported. Time to
+first step (``first_step_s``) is the wall time from building the step (copying the model to the
+device, wrapping it, making the optimizer) to the end of the first step, compiles included; the
+first row of a process also pays its one-off costs, and later rows find whatever the process has
+compiled and cached already. Training rows keep the warm-up steps' losses (``losses``; the table
+shows the last): the PyTorch backends start from the same weights and batch, so theirs should
+agree (JAX's models draw weights of their own).
+
+``lazy+compile`` and ``lazy+dynamo`` are the lazy backend with the model, once on 'lazy', wrapped
+by ``lazy_torch.compile`` or ``torch.compile(model, backend="lazy")``; everything below measured
+for lazy is measured for them too (their rows also count ``captures``, which must stay 0 after
+warm-up). A backend that raises (``torch.compile`` before the backend "lazy" is registered)
+gets its error as its row.
 
 For lazy it also reports: tracing time (host time from the step's start until mark_step is called),
-device time (``metrics.timings()['execute_time']``), aten ops dispatched per step (counted once,
-outside the timed steps), microseconds per traced op, compiles during the timed steps (must be 0),
+host time (tracing plus mark_step's own host time, ``barrier_ms``), device time
+(``metrics.timings()['execute_time']``), aten ops dispatched per step (counted once, outside the
+timed steps), microseconds per traced op, compiles during the timed steps (must be 0),
 executions per step, CPU fallbacks (over all its steps) and syncs inside the timed steps
 (``.item()`` and the like: each runs part of the step early and waits for it). The overlap figure
 runs lazy training steps back to back (mark_step without waiting, one wait at the end): if tracing
@@ -20,7 +33,8 @@ step N+1 overlaps the device running step N, the step time is max(trace, device)
 device. Every backend's training step is also timed that way ("b2b": the mean over ``--steps``
 steps queued back to back and waited for once, as a training loop runs them), with the ratio to
 JAX's: the synced figure charges lazy its whole tracing time, which a training loop hides under
-the previous step's device work.
+the previous step's device work. The JSON keeps the overlap figures by workload and backend
+(``results[workload]["overlap"][backend]``).
 
 ``jax`` (mlp, gpt2) runs the same models written in JAX (``benchmarks/jax_models.py``): jitted,
 donated parameters and optimizer state, float32 matmuls at HIGHEST precision. ``--size gpt2-124m``
@@ -174,25 +188,35 @@ def _lazy_finish(out: Any) -> None:
     lazy_torch.wait_device_ops()
 
 
+# The backends on device 'lazy': the model, once there, wrapped by each one's entry point.
+LAZY_WRAPPERS: dict[str, Callable[[nn.Module], nn.Module]] = {
+    "lazy": lambda model: model,
+    "lazy+compile": lazy_torch.compile,
+    # Raises InvalidBackend, which becomes the row's error, while no backend "lazy" is registered.
+    "lazy+dynamo": functools.partial(torch.compile, backend="lazy"),
+}
+
+
 def placed(backend: str, wl: Workload, args: argparse.Namespace) -> tuple[nn.Module, tuple, Any]:
-    """A copy of the workload's model and its batch on ``backend``'s device, and the autocast
-    context (a factory) it runs its steps in."""
-    lazy = backend == "lazy"
-    model = copy.deepcopy(wl.model).to("lazy" if lazy else args.device)
-    batch = lazy_torch.to_device(wl.batch) if lazy else tuple(t.to(args.device) for t in wl.batch)
-    return model, batch, _autocast(backend, args)
+    """A copy of the workload's model and its batch on ``backend``'s device (for the lazy
+    backends, the model wrapped by their entry point), and the autocast context (a factory) it
+    runs its steps in."""
+    if backend in LAZY_WRAPPERS:
+        model = LAZY_WRAPPERS[backend](copy.deepcopy(wl.model).to("lazy"))
+        return model, lazy_torch.to_device(wl.batch), _autocast(backend, args)
+    model = copy.deepcopy(wl.model).to(args.device)
+    return model, tuple(t.to(args.device) for t in wl.batch), _autocast(backend, args)
 
 
 def _autocast(backend: str, args: argparse.Namespace) -> Callable[[], Any]:
     if args.amp != "bf16":
         return contextlib.nullcontext
-    if backend == "lazy":
+    if backend in LAZY_WRAPPERS:
         return functools.partial(lazy_torch.amp.autocast, dtype=torch.bfloat16)
     return functools.partial(torch.autocast, args.device, dtype=torch.bfloat16)
 
 
 def _torch_backend(backend: str, wl: Workload, mode: str, args: argparse.Namespace):
-    lazy = backend == "lazy"
     model, batch, autocast = placed(backend, wl, args)
     compiled = torch.compile if backend == "compile" else lambda fn: fn
     if mode == "train":
@@ -216,7 +240,7 @@ def _torch_backend(backend: str, wl: Workload, mode: str, args: argparse.Namespa
             with torch.no_grad(), autocast():
                 return infer_fn(batch)
 
-    if lazy:
+    if backend in LAZY_WRAPPERS:
         return step, _lazy_finish
     if args.device == "cuda":
         return step, lambda out: torch.cuda.synchronize()
@@ -241,8 +265,8 @@ def _jax_backend(backend: str, wl: Workload, mode: str, args: argparse.Namespace
     return step, jax.block_until_ready
 
 
-BACKENDS = {"eager": _torch_backend, "compile": _torch_backend, "lazy": _torch_backend}
-BACKENDS["jax"] = _jax_backend
+BACKENDS = {"eager": _torch_backend, "compile": _torch_backend, "jax": _jax_backend}
+BACKENDS.update(dict.fromkeys(LAZY_WRAPPERS, _torch_backend))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,30 +346,61 @@ def _overlap(step: Step, steps: int, synced_ms: float) -> dict[str, Any]:
     lazy_torch.wait_device_ops()
     step_ms = _ms((time.perf_counter() - start) / steps)
     del out
-    trace, device = statistics.median(traces) * 1e3, _device_ms(steps) or 0.0
-    return {
+    trace, device = statistics.median(traces) * 1e3, _device_ms(steps)
+    result = {
         "synced_step_ms": synced_ms,
         "step_ms": step_ms,
         "trace_ms": round(trace, 4),
         "barrier_ms": _median_ms(barriers),
         "device_ms": device,
+        "compiles": lazy_torch.metrics.counters().get("compiles", 0),
+        "captures": lazy_torch.metrics.counters().get("captures", 0),
+    }
+    if device is None:  # no execution was timed (the runtime samples them)
+        return result
+    return result | {
         "max_trace_device_ms": round(max(trace, device), 4),
         "trace_plus_device_ms": round(trace + device, 4),
         # the share of the shorter phase that ran under the longer one (1: full overlap)
         "hidden": round((trace + device - step_ms) / max(min(trace, device), 1e-6), 3),
-        "compiles": lazy_torch.metrics.counters().get("compiles", 0),
     }
 
 
+def _loss(out: Any) -> float:
+    """The loss a training step returned (JAX's: its state and its loss), read after its barrier."""
+    return float(out[1] if isinstance(out, tuple) else out)
+
+
+def _warm_up(
+    build: Callable[[], tuple[Step, Finish]], mode: str, warmup: int
+) -> tuple[Step, Finish, dict[str, Any]]:
+    """Builds the step and runs the warm-up steps. Reports the seconds from building the step to
+    the end of the first step (compiles and captures included) and to the end of the last, and a
+    training step's losses."""
+    start = time.perf_counter()
+    step, finish = build()
+    result: dict[str, Any] = {}
+    losses = []
+    for i in range(warmup):
+        out = step()
+        finish(out)
+        if i == 0:
+            result["first_step_s"] = round(time.perf_counter() - start, 3)
+        if mode == "train":
+            losses.append(_loss(out))
+        del out
+    result["warmup_s"] = round(time.perf_counter() - start, 3)
+    if losses:
+        result["losses"] = losses
+    return step, finish, result
+
+
 def _run(backend: str, wl: Workload, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    lazy = backend == "lazy"
+    lazy = backend in LAZY_WRAPPERS
     if lazy:
         lazy_torch.metrics.reset()
-    start = time.perf_counter()
-    step, finish = BACKENDS[backend](backend, wl, mode, args)
-    for _ in range(args.warmup):
-        finish(step())
-    result: dict[str, Any] = {"warmup_s": round(time.perf_counter() - start, 3)}
+    build = functools.partial(BACKENDS[backend], backend, wl, mode, args)
+    step, finish, result = _warm_up(build, mode, args.warmup)
     if lazy:
         with CountOps() as counter:
             out = step()
@@ -372,13 +427,17 @@ def _run(backend: str, wl: Workload, mode: str, args: argparse.Namespace) -> dic
         device_ms=_device_ms(args.steps),
         barrier_ms=_median_ms(lazy_torch.metrics.timings().get("mark_step_time", [])),
         ops=counter.count,
-        us_per_op=round(trace / counter.count * 1e6, 2),
+        us_per_op=round(trace / counter.count * 1e6, 2) if counter.count else None,
         compiles=timed.get("compiles", 0),
         warmup_compiles=warm.get("compiles", 0),
+        captures=timed.get("captures", 0),
+        warmup_captures=warm.get("captures", 0),
         executions_per_step=timed.get("executions", 0) / args.steps,
         fallbacks=_merge(_prefixed(warm, "fallback::"), _prefixed(timed, "fallback::")),
         syncs={k: v for k, v in _prefixed(timed, "syncs::").items() if k != "mark_step"},
     )
+    if result["barrier_ms"] is not None:
+        result["host_ms"] = round(result["trace_ms"] + result["barrier_ms"], 4)
     if mode == "train":
         # Pipelined steps are timed as a whole (total / steps), so they compare with the mean of
         # the synced steps, not the median: both include the occasional slow step.
@@ -428,9 +487,11 @@ def _machine(args: argparse.Namespace) -> dict[str, Any]:
 # (header, key, format) of the columns; a missing value prints "-".
 _COLUMNS = [
     ("step ms", "step_ms", "9.2f"), ("x eager", "vs_eager", "7.2f"), ("x jax", "vs_jax", "6.2f"),
-    ("trace ms", "trace_ms", "8.2f"), ("device ms", "device_ms", "9.2f"), ("ops", "ops", "5d"),
-    ("us/op", "us_per_op", "6.1f"), ("compiles", "compiles", "8d"),
-    ("b2b ms", "back_to_back_ms", "7.2f"), ("b2b x jax", "b2b_vs_jax", "9.2f"),
+    ("trace ms", "trace_ms", "8.2f"), ("host ms", "host_ms", "7.2f"),
+    ("device ms", "device_ms", "9.2f"), ("ops", "ops", "5d"), ("us/op", "us_per_op", "6.1f"),
+    ("compiles", "compiles", "8d"), ("b2b ms", "back_to_back_ms", "7.2f"),
+    ("b2b x eager", "b2b_vs_eager", "11.2f"), ("b2b x jax", "b2b_vs_jax", "9.2f"),
+    ("1st step s", "first_step_s", "10.2f"), ("loss", "loss", "9.5f"),
 ]  # fmt: skip
 _OVERLAP_COLUMNS = [
     ("synced", "synced_step_ms", "8.2f"), ("pipelined", "step_ms", "9.2f"),
@@ -451,20 +512,27 @@ def _cells(columns: list[tuple[str, str, str]], row: dict[str, Any] | None = Non
     return " ".join(cell(*c) for c in columns)
 
 
+def _notes(backend: str, r: dict[str, Any]) -> str:
+    notes = [f"{k} x{v}" for k, v in r.get("fallbacks", {}).items()]
+    notes += [f"sync {k} x{v}" for k, v in r.get("syncs", {}).items()]
+    if r.get("warmup_captures") or r.get("captures"):
+        notes.append(f"captures x{r['warmup_captures']} warm-up, x{r['captures']} timed")
+    return ", ".join(notes) or ("none" if backend in LAZY_WRAPPERS else "")
+
+
 def _table(results: dict[str, Any]) -> str:
-    lines = [f"{'workload':8s} {'mode':5s} {'backend':7s} {_cells(_COLUMNS)}  fallbacks, syncs"]
+    """The rows; ``loss``: the last warm-up step's (after ``--warmup`` - 1 updates)."""
+    lines = [f"{'workload':8s} {'mode':5s} {'backend':12s} {_cells(_COLUMNS)}  notes"]
     for name, modes in results.items():
         for mode in ("train", "infer"):
             for backend, r in modes.get(mode, {}).items():
-                head = f"{name:8s} {mode:5s} {backend:7s}"
+                head = f"{name:8s} {mode:5s} {backend:12s}"
                 if "error" in r:
                     lines.append(f"{head} ERROR {r['error']}")
                     continue
-                notes = [f"{k} x{v}" for k, v in r.get("fallbacks", {}).items()]
-                notes += [f"sync {k} x{v}" for k, v in r.get("syncs", {}).items()]
-                notes = ", ".join(notes) or ("none" if backend == "lazy" else "")
-                lines.append(f"{head} {_cells(_COLUMNS, r)}  {notes}")
-    overlaps = {n: m["overlap"] for n, m in results.items() if "overlap" in m}
+                row = {**r, "loss": r["losses"][-1]} if r.get("losses") else r
+                lines.append(f"{head} {_cells(_COLUMNS, row)}  {_notes(backend, r)}")
+    overlaps = {(n, b): o for n, m in results.items() for b, o in m.get("overlap", {}).items()}
     if overlaps:
         lines += [
             "",
@@ -472,8 +540,8 @@ def _table(results: dict[str, Any]) -> str:
         ]
         lines += ["pipelined; medians: the rest; hidden: the share of the shorter of trace/device"]
         lines += ["that ran under the longer; 1 = full overlap)"]
-        lines.append(f"{'workload':8s} {_cells(_OVERLAP_COLUMNS)}")
-        lines += [f"{n:8s} {_cells(_OVERLAP_COLUMNS, o)}" for n, o in overlaps.items()]
+        lines.append(f"{'workload':8s} {'backend':12s} {_cells(_OVERLAP_COLUMNS)}")
+        lines += [f"{n:8s} {b:12s} {_cells(_OVERLAP_COLUMNS, o)}" for (n, b), o in overlaps.items()]
     return "\n".join(lines)
 
 
@@ -510,6 +578,8 @@ def main() -> None:
     unknown = set(args.workloads) - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workloads {sorted(unknown)}; choose from {list(WORKLOADS)}")
+    if args.warmup < 1:
+        parser.error("--warmup must be at least 1 (the first step is timed on its own)")
     backends = args.backends or "eager,lazy,jax" + (",compile" if args.device == "cuda" else "")
     backends = backends.split(",")
     if args.threads:
@@ -535,7 +605,8 @@ def main() -> None:
                     traceback.print_exc()
                     rows[backend] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 if "overlap" in rows[backend]:
-                    results[name]["overlap"] = rows[backend].pop("overlap")
+                    overlap = rows[backend].pop("overlap")
+                    results[name].setdefault("overlap", {})[backend] = overlap
             _ratios(rows)
     machine["load_average_end"] = os.getloadavg()
     print(_table(results))
