@@ -18,9 +18,11 @@ run op by op for good, with one warning naming the cause and the user's line.
 from __future__ import annotations
 
 import functools
+import operator
 import types
 import warnings
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 import torch
@@ -28,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 import runtime
 from lazy_core import Node, cut_graph, data_leaf, digest, getitem, live_storages
+from lazy_core.ir import GETITEM
 from lazy_core.rebase import substituted
 from lazy_torch import amp
 from lazy_torch import rng as _rng
@@ -304,8 +307,14 @@ def _capture(
 
 def _saved(n: Node, inside: set[int], saved: dict[int, tuple], roles: dict[int, tuple]) -> Any:
     """The placeholder of forward activation ``n`` in the backward graph (numbered in the order
-    the backward meets them), or None for a node of the backward's own or a leaf."""
-    if not n.src or id(n) not in inside:
+    the backward meets them), or None for a node of the backward's own or a leaf.
+
+    An output of a multi-output forward node that the backward reads through a getitem of its
+    own (a saved tensor's) is the activation, not the whole node: a call's operands and outputs
+    are single arrays."""
+    if not n.src:
+        return None
+    if id(n) not in inside and not (n.op == GETITEM and id(n.src[0]) in inside):
         return None
     entry = saved.get(id(n))
     if entry is None:
@@ -382,20 +391,32 @@ def _record_backward(
 # Guards and the public entry point.
 
 
-def _describe(v: Any) -> Any:
+def _describe(v: Any, keep: list) -> Any:
     """``v`` as a guard: type-exact (8 and 8.0, True and 1, 0.0 and -0.0 differ); a lazy tensor
-    by its layout, gradient flag, device, storage shape and view steps."""
-    if type(v) is LazyTensor:
+    by its layout, gradient flag, device, storage shape and view steps; any other object by its
+    identity, appended to ``keep`` (held with the capture, so no other object takes its id)."""
+    t = type(v)
+    if t is LazyTensor:
         view = v._lazy
         storage = view.storage
-        return (v._meta, v.requires_grad, storage.device, storage.node.shape, view.steps)
-    if isinstance(v, torch.Tensor):
-        return ("tensor not on the lazy device", v)
-    if type(v) is float:
+        keep.append(view)  # and so its view steps
+        return (v._meta, v.requires_grad, storage.device, storage.node.shape, _ids(view.steps))
+    if t is float:
         return (float, v.hex())
-    if v is None or type(v) in (bool, int, str, torch.dtype, torch.device):
-        return (type(v), v)
-    return (type(v), v)  # held by the key, so its identity is never reused while it stands
+    if v is None or t in (bool, int, str, torch.dtype, torch.device):
+        return (t, v)
+    keep.append(v)
+    return (t, id(v))
+
+
+def _ids(objects: Any) -> tuple:
+    return tuple(map(id, objects))
+
+
+_NOT_NONE = functools.partial(operator.is_not, None)
+_TRAINING = operator.attrgetter("training")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+_VIEW = operator.attrgetter("_lazy")
 
 
 def _state() -> tuple:
@@ -417,55 +438,84 @@ class _Compiled:
         self.warned = False
         if module is not None:
             self.modules = list(module.modules())
-            self.slots = [
-                (m, d, name)
+            self.tensor_dicts = [d for m in self.modules for d in (m._parameters, m._buffers)]
+            self.hook_dicts = [
+                d
                 for m in self.modules
-                for d in (m._parameters, m._buffers)
-                for name in d
+                for d in (
+                    m._forward_hooks,
+                    m._forward_pre_hooks,
+                    m._backward_hooks,
+                    m._backward_pre_hooks,
+                )
             ]
 
     def __reduce__(self) -> tuple:  # deepcopy and pickle: a fresh object, nothing captured
         return (_Compiled, (self.fn, self.module))
 
-    def _module_guards(self) -> tuple:
-        tensors = tuple(d[name] for _, d, name in self.slots)
+    def _tensors(self) -> tuple:
+        """The module's parameters and buffers, as they stand."""
+        return tuple(filter(_NOT_NONE, chain.from_iterable(map(dict.values, self.tensor_dicts))))
+
+    def _module_guards(self, keep: list) -> tuple:
+        """Submodules' ``training``, and each parameter and buffer: its identity, its storage's
+        (``p.data = ...`` replaces it) and ``requires_grad``; C-level loops, a few us each."""
+        tensors = self._tensors()
+        try:
+            views = tuple(map(_VIEW, tensors))
+        except AttributeError:  # a tensor not on the lazy device
+            views = tuple(getattr(t, "_lazy", None) for t in tensors)
+        keep += (tensors, views)
         return (
-            ("training", tuple(m.training for m in self.modules)),
-            ("parameters", tuple((t, _describe(t)) for t in tensors)),
+            ("training", tuple(map(_TRAINING, self.modules))),
+            ("parameters", _ids(tensors), _ids(views), tuple(map(_REQUIRES_GRAD, tensors))),
         )
+
+    def _hooked(self) -> bool:
+        nn = torch.nn.modules.module
+        if nn._global_forward_hooks or nn._global_forward_pre_hooks or nn._global_backward_hooks:
+            return True
+        return any(map(len, self.hook_dicts))
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         module = self.module
         call = self.fn if module is None else functools.partial(self.fn, module)
-        if module is not None and _hooked(self.modules):
+        if module is not None and self._hooked():
             return self._op_by_op(call, args, kwargs, "the module has hooks")
         flat, spec = pytree.tree_flatten((args, kwargs))
-        guards = (("arguments", spec, tuple(_describe(v) for v in flat)), *_state())
+        keep: list = []
+        guards = (("arguments", spec, tuple([_describe(v, keep) for v in flat])), *_state())
         if module is not None:
-            guards += self._module_guards()
+            guards += self._module_guards(keep)
         entry = self.captures.get(guards)
         if entry is None:
-            return self._capture(call, args, kwargs, guards, flat)
-        if entry is _EAGER:
+            entry = self._capture(call, args, kwargs, guards, flat)
+            self.captures[guards] = (entry[1], keep)
+            return entry[0]
+        if entry[0] is _EAGER:
             return call(*args, **kwargs)
-        return entry.replay([v for v in flat if type(v) is LazyTensor])
+        return entry[0].replay([v for v in flat if type(v) is LazyTensor])
 
-    def _capture(self, call: Callable, args: tuple, kwargs: dict, guards: tuple, flat: list) -> Any:
+    def _capture(
+        self, call: Callable, args: tuple, kwargs: dict, guards: tuple, flat: list
+    ) -> tuple:
+        """A call under new guards: its result, and what later calls with them replay (a
+        capture, or ``_EAGER``)."""
         tensors = [v for v in flat if type(v) is LazyTensor]
         owned: dict[int, LazyTensor] = {}
         if self.module is not None:
-            for _, d, name in self.slots:
-                t = d[name]
+            for t in self._tensors():
                 if type(t) is LazyTensor:
                     owned.setdefault(id(t._lazy.storage), t)
         devices = [t._lazy.device for t in tensors] + [t._lazy.device for t in owned.values()]
         if not devices:
-            return call(*args, **kwargs)  # nothing on the lazy device
+            return call(*args, **kwargs), _EAGER  # nothing on the lazy device
         if len(self.captures) >= CAPTURE_LIMIT:
-            return self._op_by_op(call, args, kwargs, f"it was captured {CAPTURE_LIMIT} times")
+            why = f"it was captured {CAPTURE_LIMIT} times"
+            return self._op_by_op(call, args, kwargs, why), _EAGER
         if any(isinstance(v, torch.Tensor) and type(v) is not LazyTensor for v in flat):
-            self.captures[guards] = _EAGER
-            return self._op_by_op(call, args, kwargs, "an argument is not on the lazy device")
+            why = "an argument is not on the lazy device"
+            return self._op_by_op(call, args, kwargs, why), _EAGER
         runtime.metrics.count("captures")
         why = self._changed(guards)
         site = user_site()
@@ -477,11 +527,9 @@ class _Compiled:
         self.last = guards
         result, capture = _capture(call, args, kwargs, owned, devices[0])
         if isinstance(capture, str):
-            self.captures[guards] = _EAGER
-            self._warn(f"{capture}", site)
-        else:
-            self.captures[guards] = capture
-        return result
+            self._warn(capture, site)
+            return result, _EAGER
+        return result, capture
 
     def _changed(self, guards: tuple) -> str | None:
         if self.last is None:
@@ -506,16 +554,6 @@ class _Compiled:
 
     def _name(self) -> str:
         return type(self.module).__name__ if self.module is not None else self.fn.__qualname__
-
-
-def _hooked(modules: list[torch.nn.Module]) -> bool:
-    nn = torch.nn.modules.module
-    if nn._global_forward_hooks or nn._global_forward_pre_hooks or nn._global_backward_hooks:
-        return True
-    return any(
-        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-        for m in modules
-    )
 
 
 def _forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
