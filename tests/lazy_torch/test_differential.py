@@ -40,14 +40,6 @@ KNOWN_FAILURES: dict[str, Known] = {
         kinds=("binary_scalar", "scalar_fn", "inplace"),
         eager_error="Integers to negative integer",
     ),
-    "bool_times_inf": Known(
-        "XLA's algebraic simplifier rewrites multiply(convert(bool), x) as select(bool, x, 0), "
-        "and a division by a constant as a multiplication by its reciprocal, so False * inf "
-        "and False / 0 give 0 instead of nan: torch.tensor([True, False], device='lazy') / 0 "
-        "is [inf, 0.] (eager [inf, nan]); so is its product with torch.tensor([inf, inf]).",
-        kinds=("binary_scalar",),
-        source=r"/ (torch\.tensor\()?-?(False|0|0\.0)\b",
-    ),
     "overlapping_writes": Known(
         "Writes into a tensor whose own elements share memory. Eager CPU accepts fill_ and "
         "zero_, and index_put_, masked_fill_ and index_fill_ with a deprecation warning (every "
