@@ -276,13 +276,9 @@ def _capture(
     ]
     for s in mutated:
         role = sources.get(id(s), ("storage", s))
-        if role[0] == "storage" or (role[0] == "arg" and tensors[role[1]].requires_grad):
-            return (
-                result,
-                "it writes into a tensor it was not given, or into one that requires grad",
-            )
-        if role[0] == "tensor" and role[1].requires_grad:
-            return result, "it writes into a parameter"
+        owner = tensors[role[1]] if role[0] == "arg" else role[1] if role[0] == "tensor" else None
+        if owner is not None and owner.requires_grad and torch.is_grad_enabled():
+            return result, "it writes in place into a tensor that requires grad"
         capture.mutated.append(role)
     memo: dict[int, Node] = {}
     forward = substituted(
