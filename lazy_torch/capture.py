@@ -432,19 +432,22 @@ class _Compiled:
         self.captures: dict[tuple, _Capture | str] = {}
         self.last: tuple | None = None
         self.warned = False
-        if module is not None:
-            self.modules = list(module.modules())
-            self.tensor_dicts = [d for m in self.modules for d in (m._parameters, m._buffers)]
-            self.hook_dicts = [
-                d
-                for m in self.modules
-                for d in (
-                    m._forward_hooks,
-                    m._forward_pre_hooks,
-                    m._backward_hooks,
-                    m._backward_pre_hooks,
-                )
-            ]
+        self.modules: list[torch.nn.Module] | None = None  # read at the first call: a copy
+        # (deepcopy, torch.load) makes this object before its module has any attributes
+
+    def _read_module(self) -> None:
+        self.modules = list(self.module.modules())
+        self.tensor_dicts = [d for m in self.modules for d in (m._parameters, m._buffers)]
+        self.hook_dicts = [
+            d
+            for m in self.modules
+            for d in (
+                m._forward_hooks,
+                m._forward_pre_hooks,
+                m._backward_hooks,
+                m._backward_pre_hooks,
+            )
+        ]
 
     def __reduce__(self) -> tuple:  # deepcopy and pickle: a fresh object, nothing captured
         return (_Compiled, (self.fn, self.module))
@@ -476,6 +479,8 @@ class _Compiled:
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         module = self.module
         call = self.fn if module is None else functools.partial(self.fn, module)
+        if module is not None and self.modules is None:
+            self._read_module()
         if module is not None and self._hooked():
             return self._op_by_op(call, args, kwargs, "the module has hooks")
         flat, spec = pytree.tree_flatten((args, kwargs))
