@@ -368,7 +368,7 @@ def _overlap(step: Step, steps: int, synced_ms: float) -> dict[str, Any]:
 
 def _loss(out: Any) -> float:
     """The loss a training step returned (JAX's: its state and its loss), read after its barrier."""
-    return float(out[1] if isinstance(out, tuple) else out)
+    return float(out[1] if isinstance(out, tuple) else out.detach())
 
 
 def _warm_up(
