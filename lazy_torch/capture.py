@@ -492,7 +492,9 @@ class _Compiled:
         if entry is None:
             entry = self._capture(call, args, kwargs, guards, flat)
             self.captures[guards] = (entry[1], keep)
+            self.last = guards
             return entry[0]
+        self.last = guards  # a recapture names what changed since the previous call
         if entry[0] is _EAGER:
             return call(*args, **kwargs)
         return entry[0].replay([v for v in flat if type(v) is LazyTensor])
@@ -525,7 +527,6 @@ class _Compiled:
             runtime.metrics.site("recaptures", f"{site} ({why} changed)")
             if runtime.config.DEBUG:
                 print(f"[lazy] {self._name()} captured again at {site}: {why} changed")
-        self.last = guards
         result, capture = _capture(call, args, kwargs, owned, devices[0])
         if isinstance(capture, str):
             self._warn(capture, site)
@@ -533,24 +534,28 @@ class _Compiled:
         return result, capture
 
     def _changed(self, guards: tuple) -> str | None:
+        """The guards that differ from the previous call's (None at the first call)."""
         if self.last is None:
             return None
-        for (name, *new), (_, *old) in zip(guards, self.last):
-            if new != old:
-                return name
-        return "guards"
+        changed = [name for (name, *new), (_, *old) in zip(guards, self.last) if new != old]
+        return ", ".join(changed) or "guards"
 
     def _op_by_op(self, call: Callable, args: tuple, kwargs: dict, why: str) -> Any:
         self._warn(why, user_site())
         return call(*args, **kwargs)
 
     def _warn(self, why: str, site: str) -> None:
+        """Warn once, from the user's call ``site`` (a module's call reaches here through a
+        varying number of torch and capture frames, so no fixed stack level names it)."""
         if not self.warned:
             self.warned = True
-            warnings.warn(
+            path, _, line = site.rpartition(":")
+            warnings.warn_explicit(
                 f"lazy_torch.compile: {self._name()} runs op by op, as it is not captured: "
                 f"{why} (called at {site})",
-                stacklevel=4,
+                UserWarning,
+                path or site,
+                int(line) if line.isdigit() else 0,
             )
 
     def _name(self) -> str:
