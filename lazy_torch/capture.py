@@ -250,8 +250,12 @@ def _capture(
     for s_id, t in owned.items():
         sources[s_id] = ("tensor", t)
     for k, t in enumerate(tensors):
-        sources[id(t._lazy.storage)] = ("arg", k)
+        if id(t._lazy.storage) in owned:
+            return result, "an argument shares memory with a parameter or buffer of the module"
+        sources.setdefault(id(t._lazy.storage), ("arg", k))
     leaves = _grad_leaves([v for _, v in outs], tensors)
+    if torch.is_grad_enabled() and _upstream_of_arguments(tensors, leaves):
+        return result, "an argument is computed from a tensor it reads (a parameter or argument)"
     for t in leaves:
         sources.setdefault(id(t._lazy.storage), ("tensor", t))
     sources[id(watch.rng.storage)] = ("rng",)
@@ -333,8 +337,9 @@ def _closure(roots: list[Node]) -> set[int]:
 
 def _grad_leaves(outs: list[LazyTensor], tensors: list[LazyTensor]) -> list[LazyTensor]:
     """The leaf tensors requiring grad that a backward from ``outs`` reaches (parameters), not
-    looking past the arguments ``tensors``."""
+    looking past the arguments ``tensors`` and not counting them."""
     stop = {t.grad_fn for t in tensors if t.grad_fn is not None}
+    arguments = {id(t) for t in tensors}
     found: dict[int, LazyTensor] = {}
     seen: set = set()
     stack = [t.grad_fn for t in outs if t.grad_fn is not None]
@@ -344,10 +349,30 @@ def _grad_leaves(outs: list[LazyTensor], tensors: list[LazyTensor]) -> list[Lazy
             continue
         seen.add(fn)
         variable = getattr(fn, "variable", None)
-        if isinstance(variable, LazyTensor):
+        if isinstance(variable, LazyTensor) and id(variable) not in arguments:
             found.setdefault(id(variable), variable)
         stack.extend(f for f, _ in fn.next_functions if f is not None)
     return list(found.values())
+
+
+def _upstream_of_arguments(tensors: list[LazyTensor], leaves: list[LazyTensor]) -> bool:
+    """Whether a differentiable input of the call (an argument, a parameter ``leaves``) is one
+    that an argument was computed from. The backward node gives each input the gradient
+    ``autograd.grad`` found at the capture, the total one; autograd then also carries the
+    argument's gradient back to that input, which would count the path through it twice."""
+    inputs = {id(t) for t in (*tensors, *leaves) if t.requires_grad}
+    functions = {t.grad_fn for t in tensors if t.grad_fn is not None}
+    seen: set = set()
+    stack = [f for g in functions for f, _ in g.next_functions if f is not None]
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        if fn in functions or id(getattr(fn, "variable", None)) in inputs:
+            return True
+        stack.extend(f for f, _ in fn.next_functions if f is not None)
+    return False
 
 
 def _record_backward(
@@ -356,7 +381,8 @@ def _record_backward(
     """Record the backward once from placeholder gradients; its gradient nodes, one per
     differentiable input that gets one (``capture.grads`` says which)."""
     diff_out = [i for i, (_, v) in enumerate(outs) if v.requires_grad and v.is_floating_point()]
-    args = [("arg", k) for k, t in enumerate(tensors) if t.requires_grad]
+    first = {id(t): k for k, t in reversed(list(enumerate(tensors)))}
+    args = [("arg", k) for k, t in enumerate(tensors) if t.requires_grad and first[id(t)] == k]
     inputs = args + [("tensor", t) for t in leaves]
     if not diff_out or not inputs:
         return []
@@ -403,6 +429,19 @@ def _describe(v: Any, keep: list) -> Any:
         return (t, v)
     keep.append(v)
     return (t, id(v))
+
+
+def _aliasing(flat: list) -> tuple:
+    """For each lazy tensor argument, the position of the first one sharing its storage: a
+    capture reads a storage once, so calls whose arguments alias otherwise are other graphs."""
+    first: dict[int, int] = {}
+    return tuple(
+        [
+            first.setdefault(id(v._lazy.storage), k)
+            for k, v in enumerate(flat)
+            if type(v) is LazyTensor
+        ]
+    )
 
 
 def _ids(objects: Any) -> tuple:
@@ -485,7 +524,8 @@ class _Compiled:
             return self._op_by_op(call, args, kwargs, "the module has hooks")
         flat, spec = pytree.tree_flatten((args, kwargs))
         keep: list = []
-        guards = (("arguments", spec, tuple([_describe(v, keep) for v in flat])), *_state())
+        described = tuple([_describe(v, keep) for v in flat])
+        guards = (("arguments", spec, described, _aliasing(flat)), *_state())
         if module is not None:
             guards += self._module_guards(keep)
         entry = self.captures.get(guards)

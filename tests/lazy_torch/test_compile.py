@@ -1,9 +1,11 @@
 """lazy_torch.compile (lazy_torch/capture.py) against eager CPU and the uncompiled lazy path:
-training, guards and recaptures, syncs inside a captured call, and dropout's random draws."""
+training, guards and recaptures, syncs inside a captured call, dropout's random draws, and
+regions that differ only in a constant. tests/lazy_torch/test_compile_features.py has the rest."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import warnings
 
@@ -14,54 +16,25 @@ from torch import nn
 
 import lazy_torch
 import runtime.config
+import runtime.executor
+import runtime.program
+from tests.lazy_torch import compiling
+from tests.lazy_torch.compiling import (
+    DropoutCNN,
+    Net,
+    assert_same,
+    call_nodes,
+    compile_warnings,
+    counter,
+)
 from tests.lazy_torch.models import SmallCNN, data, make_optimizer, mlp
 
 STEPS = 10
-
-
-def counter(name: str) -> int:
-    return lazy_torch.metrics.counters().get(name, 0)
-
-
-def call_nodes(*tensors: torch.Tensor) -> int:
-    """How many ``lazy.call`` nodes the pending graph of ``tensors`` has (0 when op by op)."""
-    return lazy_torch.debug.ir_text(*tensors).count(" lazy.call(")
-
-
-def here(marker: str) -> str:
-    """``file:line`` of the line of this file that contains ``marker``."""
-    with open(__file__) as f:
-        lines = f.read().splitlines()
-    return f"{__file__}:{next(i + 1 for i, s in enumerate(lines) if marker in s)}"
-
-
-def compile_warnings(record: list) -> list[str]:
-    return [str(w.message) for w in record if "lazy_torch.compile" in str(w.message)]
-
-
-def assert_same(got, expected, rtol: float = 1e-5, atol: float = 1e-6, msg: str = "") -> None:
-    """``got`` (lazy or CPU) equals ``expected`` to ``rtol``: the uncompiled lazy path runs the
-    same lowerings, so only the fusion of one program can move a last bit."""
-    got = got.detach().cpu() if isinstance(got, torch.Tensor) else got
-    expected = expected.detach().cpu() if isinstance(expected, torch.Tensor) else expected
-    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=msg or None)
+here = functools.partial(compiling.here, __file__)
 
 
 # ----------------------------------------------------------------------------------------------
 # Training for 10 steps: eager, the uncompiled lazy path and lazy_torch.compile.
-
-
-class DropoutCNN(SmallCNN):
-    """SmallCNN (batch norm in training mode) with dropout before its classifier."""
-
-    def __init__(self, p: float = 0.25) -> None:
-        super().__init__()
-        self.drop = nn.Dropout(p)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
-        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
-        return self.fc(self.drop(x.flatten(1)))
 
 
 def train(model, batches, optimizer: str, device: str, compiled: bool = False) -> dict:
@@ -164,19 +137,6 @@ def test_op_by_op_execution_of_a_program_with_call_nodes(monkeypatch):
 
 # ----------------------------------------------------------------------------------------------
 # Guards: what recaptures, once, and says why.
-
-
-class Net(nn.Module):
-    """Batch norm makes train() and eval() compute different things."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin1 = nn.Linear(6, 8)
-        self.bn = nn.BatchNorm1d(8)
-        self.lin2 = nn.Linear(8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin2(F.relu(self.bn(self.lin1(x))))
 
 
 class _Precision:
@@ -422,3 +382,115 @@ def test_two_dropout_calls_in_one_step_draw_different_masks():
     assert not torch.equal(a, b)
     for got, want in zip((a, b, c), expected):
         assert_same(got, want)
+
+
+# ----------------------------------------------------------------------------------------------
+# Many programs in one process: regions that differ only in a constant.
+
+
+class Scaled(nn.Module):
+    """``fn(weight * x)``: a parameter, so the regions have backward nodes too."""
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+        self.weight = nn.Parameter(torch.linspace(-1.5, 2.0, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(self.weight * x)
+
+
+# Python's hash() and == conflate -1/-2, 2/2.0 and True/1; the regions must not.
+CONSTANTS = {
+    "x * 2": lambda x: x * 2,
+    "x * 2.0": lambda x: x * 2.0,
+    "x * -1": lambda x: x * -1,
+    "x * -2": lambda x: x * -2,
+    "x + True": lambda x: x + True,
+    "x + 1": lambda x: x + 1,
+    "x ** 2": lambda x: x**2,
+    "x ** 3": lambda x: x**3,
+    "sum(-1)": lambda x: x.view(2, 3).sum(-1),
+    "sum(-2)": lambda x: x.view(2, 3).sum(-2),
+    "cumsum(0)": lambda x: x.cumsum(0),
+    "cumsum(-1)": lambda x: x.cumsum(-1),
+    "clamp(min=0)": lambda x: x.clamp(min=0),
+    "clamp(min=-0.5)": lambda x: x.clamp(min=-0.5),
+    "leaky_relu(0.1)": lambda x: F.leaky_relu(x, 0.1),
+    "leaky_relu(0.2)": lambda x: F.leaky_relu(x, 0.2),
+}
+# For integer and bool arguments these differ in dtype as well as value.
+INT_CONSTANTS = {
+    "n * 2": lambda n: n * 2,
+    "n * 2.0": lambda n: n * 2.0,
+    "n * -1": lambda n: n * -1,
+    "n * -2": lambda n: n * -2,
+    "b + True": lambda n: (n > 0) + True,
+    "b + 1": lambda n: (n > 0) + 1,
+    "b * True": lambda n: (n > 0) * True,
+    "n // -2": lambda n: n // -2,
+    "n // -1": lambda n: n // -1,
+}
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_regions_that_differ_only_in_a_constant(order, monkeypatch):
+    """Registered regions and executables are process-wide: each region, and each step program
+    made of them, must be told apart from the others by its constants whatever came first."""
+    monkeypatch.setattr(runtime.program, "_calls", {})  # nothing registered before this order
+    runtime.executor.drop_cache()
+    names = list(CONSTANTS) if order == "forward" else list(CONSTANTS)[::-1]
+    int_names = list(INT_CONSTANTS) if order == "forward" else list(INT_CONSTANTS)[::-1]
+    models = {n: lazy_torch.compile(Scaled(CONSTANTS[n]).to("lazy")) for n in names}
+    functions = {n: lazy_torch.compile(INT_CONSTANTS[n]) for n in int_names}
+    x = torch.tensor([-2.0, -0.5, 0.0, 0.25, 1.0, 3.0])
+    n = torch.tensor([-3, -2, -1, 0, 1, 5])
+    eager = Scaled(None)
+    for step in range(3):  # a capture, then replays; in one program with all the others
+        results = {}
+        for name in names:
+            model = models[name]
+            y = model(x.to("lazy"))
+            y.sum().backward()
+            results[name] = (y, model.weight.grad)
+            model.weight.grad = None
+        for name in int_names:
+            results[name] = (functions[name](n.to("lazy")),)
+        if step:
+            assert call_nodes(*(v for r in results.values() for v in r)) == 2 * len(names) + len(
+                int_names
+            )
+        lazy_torch.mark_step()
+        for name in names:
+            eager.fn, eager.weight.grad = CONSTANTS[name], None
+            expected = eager(x)
+            expected.sum().backward()
+            y, grad = results[name]
+            assert y.dtype == expected.dtype, name
+            assert_same(y, expected, msg=name)
+            assert_same(grad, eager.weight.grad, msg=name)
+        for name in int_names:
+            expected = INT_CONSTANTS[name](n)
+            (got,) = results[name]
+            assert got.dtype == expected.dtype, name
+            assert torch.equal(got.cpu(), expected), name
+    assert counter("captures") == len(names) + len(int_names)
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_number_arguments_that_compare_equal(order):
+    """One compiled function, called with numbers Python's == conflates: each is a guard of its
+    own (a capture each), and each replay computes with its own number."""
+    compiled = lazy_torch.compile(lambda x, s: (x * s, 1 / (x * s)))
+    numbers = [2, 2.0, -1, -2, True, 1, 1.0, 0.0, -0.0]
+    if order == "reverse":
+        numbers.reverse()
+    x = torch.tensor([1.0, -3.0, 0.5])
+    for step in range(2):
+        for s in numbers:
+            got = compiled(x.to("lazy"), s)
+            assert call_nodes(*got) == step, s
+            lazy_torch.mark_step()
+            for a, b in zip(got, (x * s, 1 / (x * s))):
+                assert torch.equal(a.cpu(), b), (s, a, b)
+    assert counter("captures") == len(numbers)
