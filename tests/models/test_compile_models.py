@@ -1,0 +1,85 @@
+"""GPT-2, BERT and ViT (transformers, tiny configs) train for 10 steps under lazy_torch.compile
+as on eager CPU and as on the uncompiled lazy path: one forward and one backward call node a
+step, one capture, nothing compiled after the warm-up steps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import lazy_torch
+from tests.lazy_torch.compiling import call_nodes, compile_warnings, counter
+from tests.models import test_language_models, test_t5_and_vision
+from tests.models.common import RTOL, to_device
+
+transformers = pytest.importorskip("transformers")
+
+STEPS = 10
+
+
+def train(model, batches, loss_fn, device: str, compiled: bool = False) -> dict:
+    """AdamW steps as tests/models/common.train takes them, optionally compiled; per step the
+    captures so far, the step's compiles and its graph's call nodes."""
+    torch.manual_seed(0)
+    model = copy.deepcopy(model).to(device)
+    model.train()
+    if compiled:
+        lazy_torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=1e-6)
+    lazy = device != "cpu"
+    lazy_torch.metrics.reset()
+    run = {"losses": [], "captures": [], "compiles": [], "calls": []}
+    for batch in batches:
+        before = counter("compiles")
+        opt.zero_grad()
+        loss = loss_fn(model, to_device(batch, device))
+        loss.backward()
+        if lazy:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            run["calls"].append(call_nodes(*grads))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if lazy:
+            lazy_torch.mark_step()
+        run["losses"].append(loss.detach())
+        run["captures"].append(counter("captures"))
+        run["compiles"].append(counter("compiles") - before)
+    run["losses"] = torch.stack([l.cpu() for l in run["losses"]])
+    run["state"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    run["fallbacks"] = [k for k in lazy_torch.metrics.counters() if k.startswith("fallback::")]
+    return run
+
+
+def _close(got: dict, expected: dict, rtol: float, atol: float) -> None:
+    torch.testing.assert_close(got["losses"], expected["losses"], rtol=rtol, atol=atol)
+    assert got["state"].keys() == expected["state"].keys()
+    for name, value in expected["state"].items():
+        torch.testing.assert_close(got["state"][name], value, rtol=rtol, atol=atol, msg=name)
+
+
+BUILDERS = {
+    "gpt2": (test_language_models, test_language_models.gpt2),
+    "bert": (test_language_models, test_language_models.bert),
+    "vit": (test_t5_and_vision, test_t5_and_vision.vit),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BUILDERS)
+def test_trains_like_eager_under_compile(name, monkeypatch, recwarn):
+    module, build = BUILDERS[name]
+    monkeypatch.setattr(module, "STEPS", STEPS)
+    model, batches, loss_fn = build()
+    assert len(batches) == STEPS
+    compiled = train(model, batches, loss_fn, "lazy", compiled=True)
+    assert compile_warnings(recwarn.list) == []
+    lazy = train(model, batches, loss_fn, "lazy")
+    eager = train(model, batches, loss_fn, "cpu")
+    _close(compiled, eager, rtol=RTOL, atol=1e-5)
+    _close(compiled, lazy, rtol=1e-5, atol=1e-6)
+    assert compiled["captures"] == [1] * STEPS, compiled["captures"]
+    assert compiled["calls"] == [0] + [2] * (STEPS - 1), compiled["calls"]
+    assert compiled["compiles"][2:] == [0] * (STEPS - 2), compiled["compiles"]
+    assert compiled["fallbacks"] == [], compiled["fallbacks"]
