@@ -410,3 +410,118 @@ def test_module_api_of_a_compiled_module():
     lazy_torch.mark_step()
     model.train()  # as it was: no recapture
     assert call_nodes(model(x.to("lazy"))) == 1
+
+
+def _train_net(model: nn.Module, steps: int, *, autocast: bool = False, freeze_at: int = -1):
+    """AdamW steps of a squared-output loss; the losses and the final state (CPU)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for step in range(steps):
+        if step == freeze_at:
+            model.lin1.requires_grad_(False)
+        x = torch.randn(4, 6, generator=g).to("lazy")
+        with lazy_torch.amp.autocast(enabled=autocast):
+            y = model(x)
+        loss = y.float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        lazy_torch.mark_step()
+        losses.append(loss.detach().cpu())
+    return torch.stack(losses), {k: v.cpu() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("change", ["autocast", "freeze"])
+def test_autocast_training_and_freezing_a_layer(change):
+    """Training under lazy autocast (bfloat16) replays as the uncompiled path computes; a layer
+    frozen mid-training (requires_grad_(False)) recaptures once and gets no more updates."""
+    torch.manual_seed(0)
+    net = Net()
+    options = {"autocast": True} if change == "autocast" else {"freeze_at": 2}
+    lazy_torch.metrics.reset()
+    got = _train_net(lazy_torch.compile(copy.deepcopy(net).to("lazy")), 5, **options)
+    assert counter("captures") == (1 if change == "autocast" else 2)
+    if change == "freeze":
+        (where,) = lazy_torch.metrics.sites()["recaptures"]
+        assert where.endswith("(parameters changed)"), where
+    expected = _train_net(copy.deepcopy(net).to("lazy"), 5, **options)
+    assert_same(got[0], expected[0])
+    for name, value in expected[1].items():
+        assert_same(got[1][name], value, msg=name)
+
+
+class Blocks(nn.Module):
+    """Compiled blocks inside an uncompiled model; ``shared`` applies one block twice."""
+
+    def __init__(self, shared: bool) -> None:
+        super().__init__()
+        self.shared = shared
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in [self.blocks[0]] * 2 if self.shared else self.blocks:
+            x = block(x) + x
+        return self.head(x)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_compiled_blocks_inside_a_model(shared):
+    """Each block one forward and one backward node. A block applied to its own output reads
+    the parameters its argument was computed from, so its second call runs op by op (with the
+    warning): the capture's gradients would count that path twice."""
+    torch.manual_seed(0)
+    eager = Blocks(shared)
+    model = copy.deepcopy(eager).to("lazy")
+    for block in model.blocks:
+        lazy_torch.compile(block)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for step in range(4):
+            x = torch.randn(5, 8, generator=g)
+            losses = [m(v).square().mean() for m, v in ((model, x.to("lazy")), (eager, x))]
+            for loss, opt in zip(losses, opts):
+                loss.backward()
+            calls = call_nodes(*(p.grad for p in model.parameters() if p.grad is not None))
+            if step:
+                assert calls == (2 if shared else 6), calls
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
+            lazy_torch.mark_step()
+            assert_same(losses[0], losses[1], rtol=1e-4, atol=1e-5)
+    for name, value in eager.state_dict().items():
+        assert_same(model.state_dict()[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    messages = compile_warnings(record)
+    assert len(messages) == shared, messages
+
+
+class TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor):
+        y = self.lin(x)
+        return y, y.argmax(-1), y > 0
+
+
+def test_integer_and_bool_outputs_are_not_differentiable():
+    torch.manual_seed(0)
+    eager = TwoHeads()
+    model = lazy_torch.compile(copy.deepcopy(eager).to("lazy"))
+    for step in range(3):
+        x = torch.randn(5, 4)
+        got, expected = model(x.to("lazy")), eager(x)
+        assert call_nodes(*got) == (step > 0)
+        assert [t.requires_grad for t in got] == [True, False, False]
+        got[0].sum().backward()
+        expected[0].sum().backward()
+        lazy_torch.mark_step()
+        for a, b in zip(got, expected):
+            assert a.dtype == b.dtype
+            assert_same(a, b)
+        assert_same(model.lin.weight.grad, eager.lin.weight.grad)
