@@ -12,7 +12,9 @@ the end of their device work (lazy: ``mark_step()`` then ``wait_device_ops()``; 
 first step (``first_step_s``) is the wall time from building the step (copying the model to the
 device, wrapping it, making the optimizer) to the end of the first step, compiles included; the
 first row of a process also pays its one-off costs, and later rows find whatever the process has
-compiled and cached already. Training rows keep the warm-up steps' losses (``losses``; the table
+compiled and cached already. Lazy runs a new graph op by op and compiles it whole when it comes
+back, so its steady program compiles in a later warm-up step: ``warmup_s`` (to the end of the last
+warm-up step) shows that cost. Training rows keep the warm-up steps' losses (``losses``; the table
 shows the last): the PyTorch backends start from the same weights and batch, so theirs should
 agree (JAX's models draw weights of their own).
 
@@ -491,7 +493,8 @@ _COLUMNS = [
     ("device ms", "device_ms", "9.2f"), ("ops", "ops", "5d"), ("us/op", "us_per_op", "6.1f"),
     ("compiles", "compiles", "8d"), ("b2b ms", "back_to_back_ms", "7.2f"),
     ("b2b x eager", "b2b_vs_eager", "11.2f"), ("b2b x jax", "b2b_vs_jax", "9.2f"),
-    ("1st step s", "first_step_s", "10.2f"), ("loss", "loss", "9.5f"),
+    ("1st step s", "first_step_s", "10.2f"), ("warm-up s", "warmup_s", "9.2f"),
+    ("loss", "loss", "9.5f"),
 ]  # fmt: skip
 _OVERLAP_COLUMNS = [
     ("synced", "synced_step_ms", "8.2f"), ("pipelined", "step_ms", "9.2f"),
