@@ -29,13 +29,13 @@ never at ``import lazy_torch``:
    (``__torch_dispatch__``, amp, fused optimizers), they run as they are, never traced.
 
 AOTAutograd's ``__coerce_same_metadata_as_tangent__`` question never arises, as AOTAutograd is
-not used. One limit on torch 2.11 only: ``torch.tensor(data, device='lazy')`` inside a compiled
-function (transformers' KV cache starts as ``torch.tensor([])``) makes its tensor with Python
-modes excluded, so a real LazyTensor reaches Dynamo's fake propagation and compiling the frame
-fails (``TorchRuntimeError``); torch 2.13 lifts the data on the CPU first and traces it. These patches were written against the torch versions in ``TORCH_VERSIONS``; on any
+not used. These patches were written against the torch versions in ``TORCH_VERSIONS``; on any
 other, the backend refuses with a message naming ``lazy_torch.compile``, and
 tests/lazy_torch/test_dynamo.py checks each patched internal, so a change of PyTorch fails there
-loudly.
+loudly. One limit on torch 2.11 only: ``torch.tensor(data, device='lazy')`` inside a compiled
+function (transformers' KV cache starts as ``torch.tensor([])``) makes its tensor with Python
+modes excluded, so a real LazyTensor meets Dynamo's fake propagation and compiling the frame
+raises ``TorchRuntimeError``; torch 2.13 makes the data on the CPU first and traces the copy.
 
 Registration is cheap: importing this module puts the name "lazy" into Dynamo's backend
 registry when Dynamo itself is imported (at once if it already is), without importing it.
@@ -74,7 +74,10 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     >>> model(torch.ones(3, 4, device="lazy")).shape
     torch.Size([3, 2])
     """
-    install()  # where the function is passed itself (backend=lazy_torch.dynamo.backend)
+    # Passed itself (backend=lazy_torch.dynamo.backend) rather than by name, the function meets
+    # Dynamo only after its first trace, which without the patches breaks the graph at every
+    # lazy tensor (correct, op by op); from then on the patches are in place.
+    install()
     from lazy_torch.capture import compile
 
     # A _LazyGraphModule generates its forward at its first call, which then calls the module
