@@ -113,6 +113,7 @@ def test_trains_like_eager(kind, optimizer):
         assert not torch.equal(compiled["state"]["bn2.running_var"], torch.ones(16))
 
 
+@pytest.mark.slow  # 15-20 s on a busy 2-core machine
 def test_cnn_with_dropout_trains_like_the_uncompiled_path():
     """Batch norm and dropout: the same seed gives the same masks, so the same losses,
     parameters and running statistics as op by op."""
@@ -123,9 +124,9 @@ def test_cnn_with_dropout_trains_like_the_uncompiled_path():
     lazy = train(model, batches, "adamw", "lazy")
     assert_runs_match(compiled, lazy, rtol=1e-5, atol=1e-7)
     assert_replayed(compiled)
-    # Dropout was on: without it the losses are others.
+    # Dropout was on: without it (eager, as the lazy path computes it) the losses are others.
     model.drop.p = 0.0
-    assert not torch.allclose(train(model, batches, "adamw", "lazy")["losses"], lazy["losses"])
+    assert not torch.allclose(train(model, batches, "adamw", "cpu")["losses"], lazy["losses"])
 
 
 def test_op_by_op_execution_of_a_program_with_call_nodes(monkeypatch):
@@ -241,6 +242,23 @@ def test_report_names_the_guard_that_changed():
     model.eval()
     model(torch.randn(4, 6).to("lazy"))
     assert "training changed" in lazy_torch.metrics.report()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a submodule's plain attributes (Dropout.p, BatchNorm.momentum, eps) are not guards: "
+    "after model.drop.p = 0.0 the replay still drops with p=0.5 (guarding every attribute "
+    "of every submodule would cost far more than the few microseconds a call's guards take)",
+)
+def test_changing_a_submodule_attribute_recaptures():
+    torch.manual_seed(0)
+    model = lazy_torch.compile(DropNet().to("lazy"))
+    x = torch.ones(64, 8).to("lazy")
+    model(x)
+    model.drop.p = 0.0
+    got = model(x)
+    model.eval()  # dropout off: the same computation, captured anew
+    assert_same(got, model(x))
 
 
 def test_learning_rate_and_optimizer_state_never_recapture():

@@ -440,12 +440,12 @@ def test_autocast_training_and_freezing_a_layer(change):
     net = Net()
     options = {"autocast": True} if change == "autocast" else {"freeze_at": 2}
     lazy_torch.metrics.reset()
-    got = _train_net(lazy_torch.compile(copy.deepcopy(net).to("lazy")), 5, **options)
+    got = _train_net(lazy_torch.compile(copy.deepcopy(net).to("lazy")), 4, **options)
     assert counter("captures") == (1 if change == "autocast" else 2)
     if change == "freeze":
         (where,) = lazy_torch.metrics.sites()["recaptures"]
         assert where.endswith("(parameters changed)"), where
-    expected = _train_net(copy.deepcopy(net).to("lazy"), 5, **options)
+    expected = _train_net(copy.deepcopy(net).to("lazy"), 4, **options)
     assert_same(got[0], expected[0])
     for name, value in expected[1].items():
         assert_same(got[1][name], value, msg=name)
