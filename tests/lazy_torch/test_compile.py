@@ -390,25 +390,28 @@ def test_dropout_masks_are_fresh_every_step_and_repeat_after_a_seed(seed):
 
 
 def test_two_dropout_calls_in_one_step_draw_different_masks():
+    """Two calls in a step, random draws op by op before and after them, from the capture step
+    on: the same numbers as the uncompiled path draws."""
     torch.manual_seed(0)
     net = DropNet()
-    plain = copy.deepcopy(net).to("lazy")
-    model = lazy_torch.compile(copy.deepcopy(net).to("lazy"))
     x = torch.randn(32, 8).to("lazy")
-    model(x)
-    lazy_torch.mark_step()
     results = []
-    for m in (model, plain):
+    for m in (lazy_torch.compile(copy.deepcopy(net).to("lazy")), copy.deepcopy(net).to("lazy")):
         torch.manual_seed(3)
-        before = torch.rand(3, device="lazy")  # draws around the calls, op by op
-        a, b = m(x), m(x)
-        after = torch.rand(3, device="lazy")
-        lazy_torch.mark_step()
-        results.append((before.cpu(), a.cpu(), b.cpu(), after.cpu()))
-    (_, a, b, _), expected = results[0], results[1]
-    assert not torch.equal(a, b)
-    for got, want in zip(results[0], expected):
-        assert_same(got, want)
+        values = []
+        for _ in range(2):  # the compiled module: a capture (then a replay), then two replays
+            before = torch.rand(3, device="lazy")
+            a, b = m(x), m(x)
+            (a * b).sum().backward()
+            after = torch.rand(3, device="lazy")
+            lazy_torch.mark_step()
+            values += [before, a, b, after, m.lin1.weight.grad]
+            m.zero_grad()
+        results.append([v.cpu() for v in values])
+    got, expected = results
+    assert not torch.equal(got[1], got[2]) and not torch.equal(got[6], got[7])
+    for a, b in zip(got, expected):
+        assert_same(a, b)
 
 
 # ----------------------------------------------------------------------------------------------
