@@ -105,12 +105,13 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Any:
-    if not _fused((query, key, value, attn_mask), dropout_p, is_causal, scale, enable_gqa):
+    fused = _fused((query, key, value, attn_mask), dropout_p, is_causal, scale, enable_gqa)
+    mask = _boolean_to_additive(attn_mask, query.dtype)  # as the composite does for both paths
+    if not fused:
         return aten._scaled_dot_product_attention_math(
-            query, key, value, attn_mask, dropout_p, is_causal, None,
+            query, key, value, mask, dropout_p, is_causal, None,
             scale=scale, enable_gqa=enable_gqa,
         )[0]  # fmt: skip
-    mask = _boolean_to_additive(attn_mask, query.dtype)
     return aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale
     )[0]

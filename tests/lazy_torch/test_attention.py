@@ -105,6 +105,19 @@ def test_math_path_where_eager_cpu_takes_it(why):
     assert out.shape == shape
 
 
+@pytest.mark.parametrize("backend", [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION])
+def test_boolean_mask_masks_on_both_paths(backend):
+    """A boolean mask keeps True positions and masks False ones (a fully masked row too) on the
+    math path as on the fused one: the math kernel takes an additive mask (it added 0 and 1)."""
+    q, k, v = _qkv((1, 2, 16, 8))
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()
+    mask[3] = False
+    with sdpa_kernel([backend, SDPBackend.MATH]):
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        q_, k_, v_, m_ = (t.to("lazy") for t in (q, k, v, mask))
+        got = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=m_).cpu()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, equal_nan=True)
+
 def test_no_grad_fuses_and_inference_mode_still_matches_eager():
     # Inference mode skips the autograd keys, where the Lazy kernel sits, and the Python key
     # decomposes the composite: attention takes the math path there, with eager's values.
