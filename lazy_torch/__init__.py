@@ -25,6 +25,7 @@ from lazy_torch import (  # noqa: F401
     ops,
     serialization,
 )
+from lazy_torch import dynamo  # noqa: F401 (registers torch.compile's backend "lazy"; imports no Dynamo)
 from lazy_torch.capture import compile
 from lazy_torch.data import DeviceLoader, to_device
 from lazy_torch.foreach import declare_foreach_support
