@@ -19,13 +19,13 @@ from lazy_torch import (  # noqa: F401
     data_dependent,
     debug,
     device_module,
+    dynamo,  # registers torch.compile's backend "lazy" (Dynamo is imported on first use)
     fused,
     meta_kernels,
     metrics,
     ops,
     serialization,
 )
-from lazy_torch import dynamo  # noqa: F401 (registers torch.compile's backend "lazy"; imports no Dynamo)
 from lazy_torch.capture import compile
 from lazy_torch.data import DeviceLoader, to_device
 from lazy_torch.foreach import declare_foreach_support
