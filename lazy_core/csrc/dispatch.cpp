@@ -12,13 +12,19 @@ Config cfg;
 // Ops dispatch() recorded itself and ops it handed to the Python path (stats()).
 unsigned long long handled = 0, handed = 0;
 // func -> plan tuple, by kind:
-//   (RECORD, name, scalar mask per position, scalar kwarg names, precision callable or None);
-//    a call whose ``device`` keyword names another device than its operands' goes to Python
+//   (RECORD, name, scalar mask per position, scalar kwarg names, precision callable or None
+//    [, value check]); a call whose ``device`` keyword names another device than its operands'
+//    goes to Python. The value check is the op's entry of ``value_checks`` (see record.cpp's
+//    value_checked), appended to its plan whenever either is registered.
 //   (VIEW, name, storage_relative): a view op; its Meta and view steps memoized by view_cache
 //   (SHARE,): detach/alias, a new tensor on its argument's view
 // Ops live for the whole process, so plans are keyed by identity and never removed.
 enum Kind { RECORD = 0, VIEW = 1, SHARE = 2 };
 std::unordered_map<PyObject*, PyObject*> plans;
+// func -> (check, argument positions, keyword names): eager's checks of the values of numbers,
+// for the few ops that have one (lazy_torch/scalar_checks.py). Kept apart from the plans so that
+// either may be registered first.
+std::unordered_map<PyObject*, PyObject*> value_checks;
 
 PyObject *s_lazy, *s_meta, *s_device, *s_node, *s_recording, *s_precision, *s_then,
     *s_storage, *s_assign, *s_is_floating_point;
@@ -148,6 +154,22 @@ PyObject* dispatch(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     return call_fallback(func, args, kwargs);
 }
 
+// Make ``plan`` func's plan, with func's value check appended to a RECORD plan that has one.
+bool set_plan(PyObject* func, PyObject* plan) {
+    Ref full(Py_NewRef(plan));
+    auto check = value_checks.find(func);
+    if (check != value_checks.end() && PyLong_AsLong(PyTuple_GET_ITEM(plan, 0)) == RECORD) {
+        Ref spec(PyTuple_Pack(1, check->second));
+        if (!spec) return false;
+        Py_SETREF(full.p, PySequence_Concat(plan, spec.p));
+        if (!full) return false;
+    }
+    PyObject*& slot = plans[func];
+    if (slot == nullptr) Py_INCREF(func);  // the key lives as long as the plan
+    Py_XSETREF(slot, full.release());
+    return true;
+}
+
 PyObject* register_plan(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     bool ok = nargs == 2 && PyTuple_CheckExact(argv[1]) && PyTuple_GET_SIZE(argv[1]) >= 1 &&
               PyLong_CheckExact(PyTuple_GET_ITEM(argv[1], 0));
@@ -174,11 +196,28 @@ PyObject* register_plan(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "register(func, plan): see the plan kinds in dispatch.cpp");
         return nullptr;
     }
-    PyObject*& slot = plans[argv[0]];
-    if (slot == nullptr) Py_INCREF(argv[0]);  // the key lives as long as the plan
-    Py_INCREF(argv[1]);
-    Py_XSETREF(slot, argv[1]);
-    Py_RETURN_NONE;
+    return set_plan(argv[0], argv[1]) ? Py_NewRef(Py_None) : nullptr;
+}
+
+// value_check(func, (check, positions, names)): eager's checks of the numbers of calls of func,
+// which its RECORD plan (registered before or after) runs; see record.cpp's value_checked.
+PyObject* register_value_check(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    PyObject* spec = nargs == 2 ? argv[1] : nullptr;
+    if (spec == nullptr || !PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) != 3 ||
+        !PyCallable_Check(PyTuple_GET_ITEM(spec, 0)) || !PyTuple_Check(PyTuple_GET_ITEM(spec, 1)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(spec, 2))) {
+        PyErr_SetString(PyExc_TypeError, "value_check(func, (check, positions, names))");
+        return nullptr;
+    }
+    PyObject*& slot = value_checks[argv[0]];
+    if (slot == nullptr) Py_INCREF(argv[0]);
+    Py_INCREF(spec);
+    Py_XSETREF(slot, spec);
+    auto plan = plans.find(argv[0]);
+    if (plan == plans.end()) Py_RETURN_NONE;
+    // The registered plan again, now with the check (a plan of 6 has one already: drop it).
+    Ref base(PyTuple_GetSlice(plan->second, 0, 5));
+    return base && set_plan(argv[0], base.p) ? Py_NewRef(Py_None) : nullptr;
 }
 
 // configure(**fields): every field of Config by name, each checked against its type (nullptr:
@@ -238,6 +277,9 @@ PyMethodDef dispatch_methods[] = {
      "__torch_dispatch__ body: record the op in C when it can, else call the fallback."},
     {"register", (PyCFunction)(void (*)(void))register_plan, METH_FASTCALL,
      "register(func, plan): handle func in C (plan kinds: see csrc/dispatch.cpp)."},
+    {"value_check", (PyCFunction)(void (*)(void))register_value_check, METH_FASTCALL,
+     "value_check(func, (check, positions, names)): run check(args, kwargs) before recording "
+     "func in C when a number or CPU tensor fills one of those arguments."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Give the fast path the front end's classes, caches and callbacks."},
     {nullptr, nullptr, 0, nullptr}};

@@ -391,8 +391,47 @@ bool on_own_device(PyObject* kwargs, PyObject* device) {
     return PyObject_RichCompareBool(v, PyTuple_GET_ITEM(cfg.devices, index), Py_EQ) == 1;
 }
 
+// Whether an argument is one a value check reads: a Python number or a tensor that is not lazy
+// (a CPU scalar); a lazy tensor's value is unknown while tracing.
+bool checked_value(PyObject* v) {
+    return v != Py_None && !PyObject_TypeCheck(v, (PyTypeObject*)cfg.tensor_type);
+}
+
+// A RECORD plan's value check (its element 5, dispatch.cpp's value_checks): (check, positions,
+// names). ``check(args, kwargs)`` raises eager's error for numbers eager refuses (a negative
+// integer power, an integer division by 0); it runs only when an argument at one of
+// ``positions`` or keyword ``names`` holds a number, so calls that pass none (``add`` without
+// ``alpha``) pay nothing. False when it raised: the Python path runs the op again and raises it.
+bool value_checked(PyObject* spec, PyObject* args, PyObject* kwargs) {
+    PyObject* positions = PyTuple_GET_ITEM(spec, 1);
+    PyObject* names = PyTuple_GET_ITEM(spec, 2);
+    bool reads = false;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    for (Py_ssize_t i = 0; !reads && i < PyTuple_GET_SIZE(positions); i++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(positions, i));
+        reads = at >= 0 && at < n && checked_value(PyTuple_GET_ITEM(args, at));
+    }
+    for (Py_ssize_t i = 0; !reads && kwargs && i < PyTuple_GET_SIZE(names); i++) {
+        PyObject* v = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(names, i));
+        if (v == nullptr && PyErr_Occurred()) return false;
+        reads = v != nullptr && checked_value(v);
+    }
+    if (!reads) return true;
+    Ref empty;
+    if (kwargs == nullptr) {
+        empty.p = PyDict_New();
+        if (!empty) return false;
+        kwargs = empty.p;
+    }
+    PyObject* call[2] = {args, kwargs};
+    Ref ok(PyObject_Vectorcall(PyTuple_GET_ITEM(spec, 0), call, 2, nullptr));
+    return ok.p != nullptr;
+}
+
 // The whole op, or nullptr to hand it to the Python path.
 PyObject* record(PyObject* plan, PyObject* args, PyObject* kwargs) {
+    if (PyTuple_GET_SIZE(plan) > 5 && !value_checked(PyTuple_GET_ITEM(plan, 5), args, kwargs))
+        return nullptr;
     PyObject* name = PyTuple_GET_ITEM(plan, 1);
     PyObject* precision = PyTuple_GET_ITEM(plan, 4);
     Operands ops;
