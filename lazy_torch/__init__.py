@@ -24,6 +24,7 @@ from lazy_torch import (  # noqa: F401
     meta_kernels,
     metrics,
     ops,
+    scalar_checks,
     serialization,
 )
 from lazy_torch.capture import compile
@@ -36,6 +37,7 @@ from lazy_torch.tensor import LazyTensor
 declare_foreach_support()
 fused.declare_fused_support()
 device_module.register()
+scalar_checks.install()  # last: it wraps the handlers the modules above registered
 
 
 def device(index: int = 0) -> torch.device:

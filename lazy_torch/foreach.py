@@ -22,6 +22,7 @@ import torch
 from torch.utils import _foreach_utils
 
 import runtime
+from lazy_torch import scalar_checks
 from lazy_torch.tensor import LazyTensor
 
 aten = torch.ops.aten
@@ -118,8 +119,11 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
         call = lambda args, kwargs: op(*args, **kwargs)
     positions = {a.name: i for i, a in enumerate(arguments)}
     copy_back = inplace and in_place is None
-    # One node for the whole list when the functional element op has a lowering.
+    # One node for the whole list when the functional element op has a lowering; its elements'
+    # numbers are checked as the element op's handler would (the other path calls it).
     fusable = hasattr(element, "_schema") and runtime.has_lowering(str(element))
+    value_check = scalar_checks.check_of(element) if fusable else None
+    numeric = [i for i, k in enumerate(kinds) if k in ("Scalar", "number")]
 
     def handle(func: Any, args: tuple, kwargs: dict) -> Any:
         values = [*args] + [_MISSING] * (len(arguments) - len(args))
@@ -149,6 +153,11 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
             # Every element's kwargs are the shared dict (nothing writes to it); pairs built in C.
             calls = list(zip(zip(*positional), itertools.repeat(shared)))
         if fusable and calls:
+            if value_check is not None and not scalar_checks.fit_every_floating_dtype(
+                _numbers(values, roles, numeric)
+            ):
+                for e_args, e_kwargs in calls:
+                    value_check(e_args, e_kwargs)
             targets = list(positional[0]) if inplace else None
             out = record_elements(element, calls, targets)
             if out is not None:
@@ -165,6 +174,22 @@ def foreach_handler(func: Any, dispatch: Callable, record_elements: Callable) ->
 
 
 _MISSING = object()
+
+
+def _numbers(values: list, roles: list[str], numeric: list[int]) -> list:
+    """The numbers among a foreach call's arguments (at the positions ``numeric``)."""
+    found = []
+    for i in numeric:
+        v = values[i]
+        if v is _MISSING:
+            continue
+        if roles[i] == "list":
+            found.extend(v)
+        elif roles[i] == "values":  # a lazy tensor's are not read twice: None stands for them
+            found.extend([None] if isinstance(v, LazyTensor) else v.tolist())
+        else:
+            found.append(v)
+    return found
 
 
 def add_lazy(name: str, modules: tuple) -> None:
