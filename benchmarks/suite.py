@@ -27,7 +27,7 @@ gets its error as its row.
 For lazy it also reports: tracing time (host time from the step's start until mark_step is called),
 host time (tracing plus mark_step's own host time, ``barrier_ms``), device time
 (``metrics.timings()['execute_time']``), aten ops dispatched per step (counted once, outside the
-timed steps), microseconds per traced op, compiles during the timed steps (must be 0),
+timed steps; not for lazy+dynamo, see ``_count_ops``), microseconds per traced op, compiles during the timed steps (must be 0),
 executions per step, CPU fallbacks (over all its steps) and syncs inside the timed steps
 (``.item()`` and the like: each runs part of the step early and waits for it). The overlap figure
 runs lazy training steps back to back (mark_step without waiting, one wait at the end): if tracing
