@@ -190,9 +190,6 @@ def _lazy_finish(out: Any) -> None:
     lazy_torch.wait_device_ops()
 
 
-with contextlib.suppress(ImportError):  # registers torch.compile's backend "lazy" by its import
-    import lazy_torch.dynamo
-
 # The backends on device 'lazy': the model, once there, wrapped by each one's entry point.
 LAZY_WRAPPERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "lazy": lambda model: model,
