@@ -150,7 +150,13 @@ def out_variant(functional: Any, dispatch: Callable) -> Callable:
         inputs = {k: v for k, v in kwargs.items() if k not in out_names}
         if factory:
             inputs.update(dtype=outs[0].dtype, device=outs[0].device)
-        result = dispatch(functional, args, inputs)
+        try:
+            result = dispatch(functional, args, inputs)
+        except Exception:
+            # Some out= kernels check their out tensors before what the functional op refuses
+            # (amax's an out of another dtype before an empty reduced dim): eager's first error.
+            _raise_eager_error(func, args, kwargs, out_names)
+            raise
         if (
             dtype_at is not None
             and not factory
@@ -171,6 +177,17 @@ def out_variant(functional: Any, dispatch: Callable) -> Callable:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return handle
+
+
+def _raise_eager_error(func: Any, args: tuple, kwargs: dict, out_names: list[str]) -> None:
+    """Raise the error eager gives for this out= call on stand-ins of its tensors (shapes,
+    strides and dtypes: the error comes from checks before any value is computed), if any."""
+    if not all(isinstance(o, LazyTensor) for o in _flat([kwargs[n] for n in out_names])):
+        return  # an out tensor of another device: the stand-ins would write into it
+    try:
+        _run_eager(func, args, kwargs, out_names, values=False)
+    except Exception as error:  # noqa: BLE001 (whatever eager raises is the answer)
+        raise error.with_traceback(None) from None
 
 
 def fallback_out_variant(run: Callable) -> Callable:

@@ -144,6 +144,52 @@ def test_softmax_out_of_another_dtype_is_refused():
     assert isinstance(_check(program), RuntimeError)
 
 
+# Calls that eager refuses for two reasons: one of the out tensors and one of the inputs. Some
+# kernels check the out tensors first (amax's meta function, dot), others the inputs first.
+REFUSED_TWICE = {
+    # amax: the out's dtype before the empty reduced dim (differential program 137).
+    "amax": lambda d: torch.amax(
+        torch.ones(0, 3, device=d), -2, out=torch.empty(0, dtype=torch.bfloat16, device=d)
+    ),
+    "amin keepdim": lambda d: torch.amin(
+        torch.ones(3, 0, device=d), 1, True, out=torch.empty(0, dtype=torch.long, device=d)
+    ),
+    # dot: the out's dtype before the inputs' dtypes, number of dims and sizes.
+    "dot dtypes": lambda d: torch.dot(
+        torch.ones(3, device=d),
+        torch.ones(3, dtype=torch.half, device=d),
+        out=torch.empty(0, dtype=torch.int32, device=d),
+    ),
+    "dot sizes": lambda d: torch.dot(
+        torch.ones(3, device=d),
+        torch.ones(2, device=d),
+        out=torch.empty(0, dtype=torch.bfloat16, device=d),
+    ),
+    "vdot dims": lambda d: torch.vdot(
+        torch.ones(3, 3, device=d),
+        torch.ones(3, device=d),
+        out=torch.empty(0, dtype=torch.bfloat16, device=d),
+    ),
+    # mm: the inputs' shapes first.
+    "mm": lambda d: torch.mm(
+        torch.ones(2, 3, device=d),
+        torch.ones(2, 3, device=d),
+        out=torch.empty(0, dtype=torch.long, device=d),
+    ),
+    # pow: the negative integer power first.
+    "pow": lambda d: torch.pow(
+        torch.ones(3, dtype=torch.long, device=d),
+        -1,
+        out=torch.empty(0, dtype=torch.bfloat16, device=d),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_TWICE))
+def test_out_call_refused_twice_raises_eager_first_error(name):
+    assert isinstance(_check(REFUSED_TWICE[name]), RuntimeError)
+
+
 def test_out_on_another_device_is_refused():
     with pytest.raises(RuntimeError, match="same device"):
         torch.add(torch.ones(3, device="lazy"), 1, out=torch.empty(3))
