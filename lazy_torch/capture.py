@@ -190,7 +190,13 @@ def _torch_dtype(name: str) -> torch.dtype:
 
 class _Watch:
     """Watches one call: the storages alive before it (with the node each held), the RNG state
-    it draws from, and the first sync it makes."""
+    it draws from, and its syncs.
+
+    A sync of values computed from nothing that existed before the call (a mask built from
+    ``arange`` positions, as Hugging Face's masking checks for packed sequences) gives the same
+    answer at every call with these guards: the capture keeps its result, as it keeps any other
+    value made inside. A sync of anything else (a parameter, an argument, a random draw) or a
+    ``mark_step`` means the call is not pure IR."""
 
     def __init__(self, device: int) -> None:
         self.device = device
@@ -204,8 +210,16 @@ class _Watch:
 
     def __enter__(self) -> _Watch:  # noqa: PYI034
         self.previous = _sync.capture
-        _sync.capture = self.breaks = []
+        self.breaks: list[tuple[str, str]] = []
+        _sync.capture = self
         return self
+
+    def on_sync(self, storages: list, cause: str) -> None:
+        """Told of each sync the call makes, before it runs."""
+        if self.breaks:
+            return
+        if cause == "mark_step" or _reads(self.before, [s.node for s in storages]):
+            self.breaks.append((cause, user_site()))
 
     def __exit__(self, *exc: object) -> None:
         _sync.capture = self.previous
@@ -218,6 +232,22 @@ class _Watch:
         if any(_rng._states[d].draws != n for d, n in self.others.items() if d in _rng._states):
             return "it draws random numbers on another device"
         return None
+
+
+def _reads(before: dict[int, tuple], roots: list[Node]) -> bool:
+    """Whether computing ``roots`` reads a value that existed before the call."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        found = before.get(id(n))
+        if found is not None and found[0] is n:
+            return True
+        stack.extend(n.src)
+    return False
 
 
 def _capture(

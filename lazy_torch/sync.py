@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import runtime
 from lazy_core import Graph, Storage, cut_graph, pending_and_held, pending_storages
@@ -44,8 +45,8 @@ def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
 _donation_plans: dict[int, tuple[tuple, tuple]] = {}
 
 _step = {"end": None, "synced": 0.0}  # when the last mark_step returned; sync time since
-# While lazy_torch.compile watches a call: the (cause, user line) of each sync it makes.
-capture: list | None = None
+# While lazy_torch.compile watches a call: its watcher, told of each sync (lazy_torch/capture.py).
+capture: Any = None
 
 
 def sync(storages: Iterable[Storage], cause: str, held: set[int] | None = None) -> None:
@@ -56,7 +57,8 @@ def sync(storages: Iterable[Storage], cause: str, held: set[int] | None = None) 
     every storage keeps its pending value.
     """
     if capture is not None:
-        capture.append((cause, user_site()))
+        storages = list(storages)
+        capture.on_sync(storages, cause)
     start = time.perf_counter()
     try:
         _sync(storages, cause, held)
@@ -72,7 +74,9 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
             by_device.setdefault(s.device, []).append(s)
         else:
             computed = True
-    if cause != "mark_step":  # mark_step has advanced the RNG states, which are pending now
+    # mark_step has advanced the RNG states, which are pending now; a capture keeps its draws
+    # counted from the state its call started with (lazy_torch/capture.py).
+    if cause != "mark_step" and capture is None:
         for device, group in by_device.items():
             state = _rng.settle(device)
             if state is not None:

@@ -337,6 +337,43 @@ def test_a_call_that_syncs_runs_op_by_op_with_one_warning(how, cause, capsys):
     capsys.readouterr()
 
 
+class PackedCheck(nn.Module):
+    """Hugging Face's masking checks ``(positions.diff() != 1).any()`` on positions it builds
+    with ``arange``: a sync of values made inside the call from nothing that existed before it,
+    the same at every call with these guards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[0], device=x.device)
+        if bool((positions.diff() != 1).any()):
+            return self.lin(x) * 0
+        return self.lin(x) + positions[:, None]
+
+
+def test_a_sync_of_values_made_inside_the_call_is_captured():
+    torch.manual_seed(0)
+    eager = PackedCheck()
+    model = lazy_torch.compile(copy.deepcopy(eager).to("lazy"))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for step in range(4):
+            x = torch.randn(3, 5)
+            got = model(x.to("lazy"))
+            assert call_nodes(got) == (step > 0)
+            got.square().sum().backward()
+            expected = eager(x)
+            expected.square().sum().backward()
+            lazy_torch.mark_step()
+            assert_same(got, expected, rtol=1e-4, atol=1e-5)
+            for p, q in zip(model.parameters(), eager.parameters()):
+                assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert compile_warnings(record) == []
+    assert counter("captures") == 1
+
+
 # ----------------------------------------------------------------------------------------------
 # Dropout draws from the device RNG state: fresh masks, reproducible after a seed.
 
