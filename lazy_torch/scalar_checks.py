@@ -157,6 +157,14 @@ def _inferred_dtype(v: Any) -> torch.dtype:
     return {bool: torch.bool, int: torch.int64}.get(type(v), default)
 
 
+def _spaced_values_overflow(args: tuple, start: Any, end: Any, steps: int, dtype: Any) -> bool:
+    """``linspace``, ``logspace``: start and end convert to the result's dtype (from 2 steps on)."""
+    dtype = dtype or torch.get_default_dtype()
+    return steps >= 2 and any(
+        _number(v) is not None and not fits(_number(v), dtype) for v in (start, end)
+    )
+
+
 def _random_range(dtype: torch.dtype) -> tuple[Any, Any]:
     """The integers ``random_`` may draw for ``dtype`` (a floating type's exact ones)."""
     if dtype == torch.bool:
@@ -289,6 +297,7 @@ _ENTRIES: list[tuple[tuple[Any, ...], tuple[str, ...], Callable[..., bool]]] = [
         ("fill_value", "dtype"),
         _new_value_overflows,
     ),
+    ((aten.logspace.default,), ("start", "end", "steps", "dtype"), _spaced_values_overflow),
     ((aten.clamp.default,), ("min", "max"), _overflows),
     ((aten.clamp_min.default,), ("min",), _overflows),
     ((aten.clamp_max.default,), ("max",), _overflows),
@@ -450,9 +459,9 @@ def _numel(values: tuple) -> int:
 
 
 def _linspace_values(func: Any, margs: tuple, mkwargs: dict, result: Any) -> Any:
-    """``linspace`` converts start and end to its dtype with a check (from 2 steps on)."""
+    """``linspace``: its numbers checked as ``logspace``'s (its entry in ``CHECKS``)."""
     start, end, steps = margs[:3]
-    if steps >= 2 and not all(fits(v, result.dtype) for v in (_number(start), _number(end))):
+    if _spaced_values_overflow(margs, start, end, steps, result.dtype):
         e = _replay_factory(func, (start, end, 2, *margs[3:]), mkwargs)
         if e is not None:
             raise e.with_traceback(None) from None

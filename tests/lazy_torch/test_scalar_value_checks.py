@@ -194,6 +194,12 @@ CASES = {
         200,
         300,
     ),
+    "linspace float": (lambda v: lambda d: torch.linspace(0, v, 3, device=d), 1e38, 1e300),
+    "logspace": (
+        lambda v: lambda d: torch.logspace(0, v, 3, dtype=torch.uint8, device=d),
+        2,
+        300,
+    ),
     # Random ops' arguments.
     "uniform_": (lambda v: lambda d: _float(d).uniform_(v, 1), 0.5, 2.0),
     "uniform_ bounds": (lambda v: lambda d: _float(d).uniform_(0, v), 1e38, float("inf")),
