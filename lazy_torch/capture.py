@@ -35,6 +35,7 @@ from lazy_core.rebase import substituted
 from lazy_torch import amp
 from lazy_torch import rng as _rng
 from lazy_torch import sync as _sync
+from lazy_torch._dtypes import torch_dtype
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, fresh
 
@@ -52,9 +53,16 @@ def _placeholder(node: Node) -> Node:
     return data_leaf(_Slot(), node.dtype, node.shape)
 
 
+# How a call node gets each operand (``_Region.reads``): forward nodes read a tensor argument's
+# storage, a parameter's or buffer's, another storage, the RNG state or a fixed leaf; backward
+# nodes an operand of the forward node, one of its outputs, an incoming gradient or a fixed leaf.
+_ARG, _TENSOR, _STORAGE, _RNG, _FIXED, _OPERAND, _OUTPUT, _TANGENT = range(8)
+
+
 class _Region:
     """One captured graph, registered with the runtime: its key, the role of each of its
-    parameters, and its outputs' dtypes and shapes.
+    parameters, how a call node reads each (``reads``: (kind, what) pairs), and its outputs'
+    dtypes and shapes.
 
     A role is ``("arg", k)`` (the storage value of tensor argument ``k``), ``("tensor", t)`` (that
     of tensor ``t``: a parameter, a buffer), ``("storage", s)`` (storage ``s``, another tensor the
@@ -62,7 +70,7 @@ class _Region:
     leaf of its own: a Python number, a tensor made inside), ``("saved", k)`` (activation ``k`` of
     the forward node) or ``("tangent", k)`` (the gradient of differentiable output ``k``)."""
 
-    __slots__ = ("dtypes", "key", "roles", "shapes")
+    __slots__ = ("dtypes", "key", "reads", "roles", "shapes")
 
     def __init__(self, roots: list[Node], roles: dict[int, tuple]):
         graph = cut_graph(roots)
@@ -73,10 +81,11 @@ class _Region:
         self.roles = tuple(roles.get(id(p), ("node", p)) for p in graph.params)
         self.dtypes = tuple(r.dtype for r in roots)
         self.shapes = tuple(r.shape for r in roots)
+        kinds = {"arg": _ARG, "tensor": _TENSOR, "storage": _STORAGE, "rng": _RNG, "node": _FIXED}
+        self.reads = tuple((kinds.get(r[0]), r[1] if len(r) > 1 else None) for r in self.roles)
 
-    def node(self, value: Callable[[tuple], Node]) -> Node:
-        operands = tuple([value(role) for role in self.roles])
-        return Node(runtime.CALL, operands, self.key, self.dtypes, self.shapes)
+    def node(self, operands: list[Node]) -> Node:
+        return Node(runtime.CALL, tuple(operands), self.key, self.dtypes, self.shapes)
 
 
 def _storage_of(role: tuple, tensors: list) -> Any:
@@ -104,6 +113,35 @@ class _Capture:
         self.diff_outputs: list[int] = []  # tensor outputs whose gradients the backward takes
         self.diff_inputs: list[tuple] = []  # ("arg", k) or ("tensor", t) per gradient it gives
         self.grads: list[int | None] = []  # per diff input: its output of the backward node
+        self.grad_metas: list[tuple | None] = []  # per diff input: (output, Meta) or None
+
+    def link(self) -> str | None:
+        """Say how the backward node reads each operand (in terms of the forward node), and the
+        Meta of each gradient; or why it cannot."""
+        index = {r: i for i, r in enumerate(self.forward.roles) if r[0] != "node"}
+        base = len(self.outputs) + len(self.mutated)
+        reads = []
+        for role in self.backward.roles:
+            kind = role[0]
+            if kind == "saved":
+                reads.append((_OUTPUT, base + role[1]))
+            elif kind == "tangent":
+                reads.append((_TANGENT, self.diff_outputs[role[1]]))
+            elif kind == "node":
+                reads.append((_FIXED, role[1]))
+            elif role in index:
+                reads.append((_OPERAND, index[role]))
+            else:
+                return "its backward reads a tensor its forward does not"
+        self.backward.reads = tuple(reads)
+        back = self.backward
+        self.grad_metas = [
+            None
+            if slot is None
+            else (slot, dense_meta(back.shapes[slot], torch_dtype(back.dtypes[slot])))
+            for slot in self.grads
+        ]
+        return None
 
     def replay(self, tensors: list[LazyTensor]) -> Any:
         """The outputs of a call whose tensor arguments are ``tensors`` (flat)."""
@@ -112,15 +150,19 @@ class _Capture:
             state = _rng._rng(self.device)
             rng_node = state.moved(_rng._SKIP)
             state.draws += self.draws
-
-        def value(role: tuple) -> Node:
-            if role[0] == "rng":
-                return rng_node
-            if role[0] == "node":
-                return role[1]
-            return _storage_of(role, tensors).node
-
-        node = self.forward.node(value)
+        operands = []
+        for kind, what in self.forward.reads:
+            if kind == _TENSOR:
+                operands.append(what._lazy.storage.node)
+            elif kind == _FIXED:
+                operands.append(what)
+            elif kind == _ARG:
+                operands.append(tensors[what]._lazy.storage.node)
+            elif kind == _STORAGE:
+                operands.append(what.node)
+            else:
+                operands.append(rng_node)
+        node = self.forward.node(operands)
         if self.backward is not None and torch.is_grad_enabled():
             diff = [tensors[r[1]] if r[0] == "arg" else r[1] for r in self.diff_inputs]
             outs = _Call.apply(self, node, *diff)
@@ -154,34 +196,23 @@ class _Call(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
         capture, node = ctx.capture, ctx.node
-        inputs = dict(zip(capture.forward.roles, node.src))  # roles are unique per parameter
-        base = len(capture.outputs) + len(capture.mutated)
-
-        def value(role: tuple) -> Node:
-            kind = role[0]
-            if kind == "saved":
-                return getitem(node, base + role[1])
-            if kind == "tangent":
-                return grads[capture.diff_outputs[role[1]]]._lazy.node
-            if kind == "node":
-                return role[1]
-            return inputs[role]
-
-        back = capture.backward.node(value)
-        out: list[Any] = [None, None]
-        for slot in capture.grads:
-            if slot is None:
-                out.append(None)
+        src = node.src
+        operands = []
+        for kind, what in capture.backward.reads:
+            if kind == _OPERAND:
+                operands.append(src[what])
+            elif kind == _OUTPUT:
+                operands.append(getitem(node, what))
+            elif kind == _FIXED:
+                operands.append(what)
             else:
-                meta = dense_meta(back.shape[slot], _torch_dtype(back.dtype[slot]))
-                out.append(fresh(getitem(back, slot), capture.device, meta))
+                operands.append(grads[what]._lazy.node)
+        back = capture.backward.node(operands)
+        device = capture.device
+        out: list[Any] = [None, None]
+        for entry in capture.grad_metas:
+            out.append(None if entry is None else fresh(getitem(back, entry[0]), device, entry[1]))
         return tuple(out)
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    from lazy_torch._dtypes import torch_dtype
-
-    return torch_dtype(name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,6 +363,9 @@ def _capture(
     capture.forward = _Region(forward, roles)
     if backward_roots:
         capture.backward = _Region(backward_roots, roles)
+        why = capture.link()
+        if why is not None:
+            return result, why
     return result, capture
 
 
