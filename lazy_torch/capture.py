@@ -514,6 +514,7 @@ def _ids(objects: Any) -> tuple:
 
 _NOT_NONE = functools.partial(operator.is_not, None)
 _TRAINING = operator.attrgetter("training")
+_PLAIN = (int, float, bool, str, type(None))
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _VIEW = operator.attrgetter("_lazy")
 
@@ -540,6 +541,13 @@ class _Compiled:
 
     def _read_module(self) -> None:
         self.modules = list(self.module.modules())
+        # Each submodule's plain attributes (a dropout's p, a norm's eps): the capture keeps
+        # their values, so they are guards. One itemgetter per submodule, read in C.
+        self.attributes = []
+        for m in self.modules:
+            names = [k for k, v in m.__dict__.items() if type(v) in _PLAIN and k != "training"]
+            if names:
+                self.attributes.append((operator.itemgetter(*names, names[0]), m.__dict__))
         self.tensor_dicts = [d for m in self.modules for d in (m._parameters, m._buffers)]
         self.hook_dicts = [
             d
@@ -568,9 +576,15 @@ class _Compiled:
         except AttributeError:  # a tensor not on the lazy device
             views = tuple(getattr(t, "_lazy", None) for t in tensors)
         keep += (tensors, views)
+        try:
+            values = tuple(chain.from_iterable([get(d) for get, d in self.attributes]))
+        except KeyError:  # an attribute was deleted: read the module again
+            self._read_module()
+            return self._module_guards(keep)
         return (
             ("training", tuple(map(_TRAINING, self.modules))),
             ("parameters", _ids(tensors), _ids(views), tuple(map(_REQUIRES_GRAD, tensors))),
+            ("attributes", values, tuple(map(type, values))),  # type-exact: 1, 1.0 and True
         )
 
     def _hooked(self) -> bool:

@@ -195,7 +195,11 @@ def report() -> str:
     if _sizes:
         lines.append("Sizes:")
         lines += [f"  {k}: {_distribution(v, 1, '', 0)}" for k, v in sorted(_sizes.items())]
-    for title, prefix in (("Fallbacks", "fallback::"), ("Syncs", "syncs::")):
+    for title, prefix in (
+        ("Fallbacks", "fallback::"),
+        ("Syncs", "syncs::"),
+        ("Recaptures", "recaptures"),  # lazy_torch.compile: where, and which guards changed
+    ):
         kinds = {k: v for k, v in _sites.items() if k.startswith(prefix)}
         if kinds:
             lines.append(f"{title} (count, then the top user call sites):")

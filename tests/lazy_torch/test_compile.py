@@ -231,11 +231,6 @@ def test_a_recapture_names_every_guard_that_changed():
     assert where.endswith("(arguments, grad mode, training changed)"), where
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="metrics.report() lists fallback and sync sites but not recapture sites "
-    "(runtime/metrics.py); metrics.sites()['recaptures'] and LAZY_DEBUG name the guard",
-)
 def test_report_names_the_guard_that_changed():
     model = lazy_torch.compile(Net().to("lazy"))
     model(torch.randn(4, 6).to("lazy"))
@@ -244,12 +239,6 @@ def test_report_names_the_guard_that_changed():
     assert "training changed" in lazy_torch.metrics.report()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a submodule's plain attributes (Dropout.p, BatchNorm.momentum, eps) are not guards: "
-    "after model.drop.p = 0.0 the replay still drops with p=0.5 (guarding every attribute "
-    "of every submodule would cost far more than the few microseconds a call's guards take)",
-)
 def test_changing_a_submodule_attribute_recaptures():
     torch.manual_seed(0)
     model = lazy_torch.compile(DropNet().to("lazy"))
@@ -257,8 +246,14 @@ def test_changing_a_submodule_attribute_recaptures():
     model(x)
     model.drop.p = 0.0
     got = model(x)
+    assert lazy_torch.metrics.sites()["recaptures"]
+    assert list(lazy_torch.metrics.sites()["recaptures"])[-1].endswith("(attributes changed)")
     model.eval()  # dropout off: the same computation, captured anew
     assert_same(got, model(x))
+    model.train()
+    model.drop.p = 0  # an int: another guard (type-exact), the same values
+    assert_same(model(x), got)
+    assert counter("captures") == 4
 
 
 def test_learning_rate_and_optimizer_state_never_recapture():
