@@ -175,6 +175,29 @@ def check_inplace_overlap(func: Any, args: tuple, kwargs: dict) -> None:
     _check_shared(func, args, kwargs, storage)
 
 
+def check_out_overlap(func: Any, args: tuple, kwargs: dict, out_names: list[str]) -> None:
+    """Raise eager's error for an out= call whose out tensor shares memory with an input: eager
+    refuses a partial overlap, and some ops (``cat``) any. Replayed as for in-place calls."""
+    given = {k: v for k, v in kwargs.items() if k not in out_names}
+    for out in _tensors((), {n: kwargs[n] for n in out_names}):
+        if type(out) is not LazyTensor:
+            continue
+        storage = out._lazy.storage
+        inputs = [t for t in _tensors(args, given) if _on(t, storage)]
+        if not inputs:
+            continue
+        shared = tuple((t._meta, t is out) for t in inputs)
+        pattern = (id(func), "out", out._meta, shared)
+        if pattern in _overlap_accepted:
+            continue
+        error = _replay_aliased(func, args, kwargs, [out, *inputs])
+        if isinstance(error, Exception) and _OVERLAP_ERROR in str(error):
+            raise error.with_traceback(None) from None
+        if len(_overlap_accepted) >= _ACCEPTED_MAX:
+            _overlap_accepted.clear()
+        _overlap_accepted.add(pattern)
+
+
 def _on(v: Any, storage: Any) -> bool:
     return type(v) is LazyTensor and v._lazy.storage is storage
 

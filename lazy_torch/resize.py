@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 import lazy_core
+from lazy_torch import eager_checks
 from lazy_torch._dtypes import dtype_name
 from lazy_torch.tensor import (
     LazyTensor,
@@ -148,6 +149,7 @@ def out_variant(functional: Any, dispatch: Callable) -> Callable:
             out_names.extend(a.name for a in func._schema.arguments if a.is_out)
         outs = [kwargs[n] for n in out_names]
         inputs = {k: v for k, v in kwargs.items() if k not in out_names}
+        eager_checks.check_out_overlap(func, args, kwargs, out_names)
         if factory:
             inputs.update(dtype=outs[0].dtype, device=outs[0].device)
         try:

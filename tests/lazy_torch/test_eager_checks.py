@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -166,6 +168,29 @@ def test_inplace_overlap_matches_eager(name):
     def run(device):
         x = torch.arange(10.0, device=device).reshape(2, 5)
         OVERLAPS[name](x)
+        return x
+
+    _same_as_eager(run)
+
+
+# out= calls whose out tensor shares memory with an input (cat refuses any overlap).
+OUT_OVERLAPS = {
+    "cat into its input": lambda x: torch.cat([x, x], -1, out=x),
+    "cat of its own halves": lambda x: torch.cat([x[:, :2], x[:, 2:]], -1, out=x),
+    "stack into a view of its input": lambda x: torch.stack([x[0], x[1]], out=x[:, :0]),
+    "add into itself": lambda x: torch.add(x, 1, out=x),
+    "add into a shifted view": lambda x: torch.add(x[:, 1:], 1, out=x[:, :4]),
+    "mul into another row": lambda x: torch.mul(x[0], 2, out=x[1]),
+}
+
+
+@pytest.mark.parametrize("name", list(OUT_OVERLAPS))
+def test_out_overlap_matches_eager(name):
+    def run(device):
+        x = torch.arange(10.0, device=device).reshape(2, 5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager's warning for resized outs
+            OUT_OVERLAPS[name](x)
         return x
 
     _same_as_eager(run)
