@@ -352,8 +352,11 @@ def _memo(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None
         except _FALLBACK_EXCEPTIONS:
             raise
         except Exception:
-            check_like_eager(func, args, kwargs)  # CPU scalars keep their values
-            raise
+            # Eager's error (CPU scalars keep their values); eager skips the checks of some
+            # kernels for empty tensors (log_softmax of a bool one): then its result's metadata.
+            result = check_like_eager(func, args, kwargs)
+            if not _all_empty(result):
+                raise
         if str(func) in _MATMUL_OPS and len({a.dtype for a in margs if _is_meta(a)}) > 1:
             _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
         result = eager_memo_rule(func, margs, mkwargs, result)  # what meta kernels miss
@@ -367,13 +370,20 @@ def _is_meta(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type == "meta"
 
 
-def check_like_eager(func: Any, args: tuple, kwargs: dict) -> None:
-    """Raise the error eager CPU PyTorch gives for arguments of these shapes and dtypes, if any."""
-    _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
+def check_like_eager(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Raise the error eager CPU PyTorch gives for arguments of these shapes and dtypes, if any;
+    else eager's result on zeros."""
+    return _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
 
 
-def _raise_eager_error(func: Any, margs: Any, mkwargs: dict) -> None:
-    """Raise the error eager CPU PyTorch gives for these shapes: meta kernels word some differently."""
+def _all_empty(result: Any) -> bool:
+    outs = result if isinstance(result, (list, tuple)) else [result]
+    return bool(outs) and all(isinstance(t, torch.Tensor) and t.numel() == 0 for t in outs)
+
+
+def _raise_eager_error(func: Any, margs: Any, mkwargs: dict) -> Any:
+    """Raise the error eager CPU PyTorch gives for these shapes (meta kernels word some
+    differently); else return eager's result."""
 
     def cpu(v: Any) -> Any:
         if _is_meta(v):
@@ -384,7 +394,7 @@ def _raise_eager_error(func: Any, margs: Any, mkwargs: dict) -> None:
 
     try:
         with torch._C._DisableTorchDispatch():
-            func(*cpu(margs), **{k: cpu(v) for k, v in mkwargs.items()})
+            return func(*cpu(margs), **{k: cpu(v) for k, v in mkwargs.items()})
     except Exception as eager_error:
         raise eager_error.with_traceback(None) from None
 

@@ -140,6 +140,16 @@ def test_bool_pow_matches_eager(name):
     assert isinstance(result, list)
 
 
+@pytest.mark.parametrize("op", ["log_softmax", "softmax"])
+@pytest.mark.parametrize("shape", [(1, 0), (1, 2)])
+def test_kernels_eager_skips_for_empty_tensors(op, shape):
+    """Eager's softmax kernels refuse bool tensors, but not empty ones (the meta kernel refuses
+    both): an empty result takes eager's metadata."""
+    _same_as_eager(
+        lambda device: getattr(torch.ones(shape, dtype=torch.bool, device=device), op)(1)
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # In-place ops whose input shares memory with the written tensor.
 
