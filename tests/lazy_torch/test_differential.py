@@ -32,14 +32,6 @@ KNOWN_FAILURES: dict[str, Known] = {
         "The strides of tensors computed from a tensor with a size-0/1 dim are not compared.",
         check="size_one_strides",
     ),
-    "eager_dtype_checks": Known(
-        "A check of eager's kernels that depends on a Scalar's value, which the shape memo "
-        "does not key on: torch.ones(2, dtype=torch.long) ** -1 raises RuntimeError on eager "
-        "('Integers to negative integer powers'), nothing on lazy. (Checks that depend on "
-        "dtypes and Scalar types alone are made: lazy_torch/dtype_checks.py.)",
-        kinds=("binary_scalar", "scalar_fn", "inplace"),
-        eager_error="Integers to negative integer",
-    ),
     "overlapping_writes": Known(
         "Writes into a tensor whose own elements share memory. Eager CPU accepts fill_ and "
         "zero_, and index_put_, masked_fill_ and index_fill_ with a deprecation warning (every "
