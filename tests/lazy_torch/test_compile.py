@@ -298,6 +298,17 @@ class Syncs(nn.Module):
         return y * 2
 
 
+def _backward_like_eager(got: torch.Tensor, model: nn.Module, eager: nn.Module, x) -> None:
+    """``got`` (the compiled model's output for ``x``) and the gradients it gives equal eager's."""
+    got.square().sum().backward()
+    expected = eager(x)
+    expected.square().sum().backward()
+    lazy_torch.mark_step()
+    assert_same(got, expected, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("how", "cause"),
     [("item", "item"), ("bool", "item"), ("nonzero", "nonzero"), ("print", "print")],
@@ -314,13 +325,7 @@ def test_a_call_that_syncs_runs_op_by_op_with_one_warning(how, cause, capsys):
             x = torch.randn(3, 5) + (step - 1)  # both signs of the sum for "bool"
             got = model(x.to("lazy"))  # SYNCING CALL
             assert call_nodes(got) == 0
-            got.square().sum().backward()
-            expected = eager(x)
-            expected.square().sum().backward()
-            lazy_torch.mark_step()
-            assert_same(got, expected, rtol=1e-4, atol=1e-5)
-            for p, q in zip(model.parameters(), eager.parameters()):
-                assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+            _backward_like_eager(got, model, eager, x)
     (warning,) = [w for w in record if "lazy_torch.compile" in str(w.message)]
     call_site = here("SYNCING" + " CALL")
     assert str(warning.message) == (
@@ -358,13 +363,7 @@ def test_a_sync_of_values_made_inside_the_call_is_captured():
             x = torch.randn(3, 5)
             got = model(x.to("lazy"))
             assert call_nodes(got) == (step > 0)
-            got.square().sum().backward()
-            expected = eager(x)
-            expected.square().sum().backward()
-            lazy_torch.mark_step()
-            assert_same(got, expected, rtol=1e-4, atol=1e-5)
-            for p, q in zip(model.parameters(), eager.parameters()):
-                assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+            _backward_like_eager(got, model, eager, x)
     assert compile_warnings(record) == []
     assert counter("captures") == 1
 
