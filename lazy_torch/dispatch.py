@@ -34,8 +34,7 @@ from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
 from lazy_torch.eager_checks import check_inplace_overlap, eager_memo_rule
 from lazy_torch.foreach import foreach_handler
 from lazy_torch.resize import become, fallback_out_variant, out_variant
-from lazy_torch.strides import output_meta
-from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, wrap
+from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, meta_of, wrap
 from lazy_torch.views import STORAGE_RELATIVE, STORAGE_STEP, VIEWS, write
 
 Handler = Callable[[Any, tuple, dict], Any]
@@ -333,6 +332,20 @@ def _to_meta(v: Any, cpu_scalars: bool = False) -> Any:
     return v
 
 
+def _out_meta(out: Any) -> Any:
+    """Output metadata: a Meta, None, or a tuple of those for multi-output ops."""
+    if out is None:
+        return None
+    if isinstance(out, torch.Tensor):
+        return meta_of(out)
+    if isinstance(out, (list, tuple)) and all(
+        o is None or isinstance(o, torch.Tensor) for o in out
+    ):
+        metas = [_out_meta(o) for o in out]
+        return tuple(metas) if isinstance(out, tuple) else metas
+    raise NotImplementedError(f"output of type {type(out).__name__} needs a fallback")
+
+
 def infer(func: Any, args: tuple, kwargs: dict, key: tuple) -> Any:
     """Output metadata of ``func`` on these arguments (raises PyTorch's own errors)."""
     return _memo(func, args, kwargs, key)[0]
@@ -361,8 +374,7 @@ def _memo(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None
             _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
         result = eager_memo_rule(func, margs, mkwargs, result)  # what meta kernels miss
         _dtype_checks.check(func, margs, mkwargs)  # eager's kernels refuse some dtypes
-        # Metas with eager's strides, which meta kernels' layout rules do not always give
-        entry = _meta_cache[key] = (output_meta(func, args, kwargs, result), template)
+        entry = _meta_cache[key] = (_out_meta(result), template)
     return entry
 
 
