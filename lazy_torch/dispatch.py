@@ -7,7 +7,6 @@ out= variant of a recorded op, a ``torch._decomp`` decomposition, or the CPU fal
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,20 +20,27 @@ from lazy_core import (
     Storage,
     constant,
     digest,
-    digest_with,
     getitem,
     scalar_leaf,
 )
 from lazy_core.ir import GETITEM, OPERANDS, Elements, operand, operands
-from lazy_torch import dtype_checks as _dtype_checks
 from lazy_torch import fallback as _fallback
 from lazy_torch import sites as _sites
 from lazy_torch import tensor as _tensor
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
-from lazy_torch.eager_checks import check_inplace_overlap, eager_memo_rule
+from lazy_torch.eager_checks import check_inplace_overlap
 from lazy_torch.foreach import foreach_handler
 from lazy_torch.resize import become, fallback_out_variant, out_variant
-from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, meta_of, wrap
+from lazy_torch.shapes import FALLBACK_EXCEPTIONS as _FALLBACK_EXCEPTIONS
+from lazy_torch.shapes import MATMUL_OPS as _MATMUL_OPS
+from lazy_torch.shapes import (
+    check_like_eager,
+    infer,
+    memo_entry,
+    memo_key,
+    meta_cache,
+)
+from lazy_torch.tensor import DEVICES, LazyTensor, _native, fresh, wrap
 from lazy_torch.views import STORAGE_RELATIVE, STORAGE_STEP, VIEWS, write
 
 Handler = Callable[[Any, tuple, dict], Any]
@@ -43,31 +49,6 @@ FOREACH = "foreach"
 
 # Keyed by id(func): OpOverloads live for the whole process, and their __hash__ is Python code.
 _handlers: dict[int, Handler] = {}
-# Ops whose (functional) result needs runtime-side keyword arguments.
-_MATMUL_OPS = frozenset(
-    f"aten.{n}"
-    for n in (
-        "mm.default",
-        "addmm.default",
-        "bmm.default",
-        "baddbmm.default",
-        "addbmm.default",
-        "matmul.default",
-        "mv.default",
-        "addmv.default",
-        "dot.default",
-        "convolution.default",
-        "convolution_backward.default",
-        "linear.default",
-        "_scaled_dot_product_flash_attention_for_cpu.default",
-        "_scaled_dot_product_flash_attention_for_cpu_backward.default",
-    )
-)
-_FALLBACK_EXCEPTIONS = (
-    NotImplementedError,
-    torch._subclasses.fake_tensor.DynamicOutputShapeException,
-    torch._subclasses.fake_tensor.DataDependentOutputException,
-)
 
 
 def special(*funcs: Any, native: tuple | None = None) -> Callable[[Handler], Handler]:
@@ -301,117 +282,6 @@ def _template(plan: _Plan, args: tuple, kwargs: dict, ops: _Operands) -> tuple[t
 
 
 # ----------------------------------------------------------------------------------------------
-# Shape inference: PyTorch's meta kernels, memoized by op and argument metadata.
-
-# Memo keys are (op name, type-exact digest of the template and operand keys): ``8`` and ``8.0``,
-# ``True`` and ``1``, ``0.0`` and ``-0.0`` are different calls (lazy_core/digest.py). Operand
-# keys hold dtypes and Python number types, atoms registered by _dtypes.py.
-_meta_cache: dict[tuple[str, int], tuple] = {}
-
-
-def memo_key(name: str, args_t: tuple, kwargs_t: tuple, keys: list) -> tuple[str, int]:
-    """The shape memo's key of a call of op ``name`` with this template and operand keys (the C
-    fast path makes the same: lazy_core/csrc/record.cpp)."""
-    return (name, digest_with(digest((args_t, kwargs_t)), tuple(keys)))
-
-
-def _to_meta(v: Any, cpu_scalars: bool = False) -> Any:
-    """``v`` with lazy tensors (and, with ``cpu_scalars``, 0-dim CPU tensors) as meta tensors."""
-    if isinstance(v, LazyTensor):
-        shape, stride, offset, dtype = v._meta
-        if not offset:
-            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-        extent = offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 0)
-        return torch.empty(extent, dtype=dtype, device="meta").as_strided(shape, stride, offset)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_to_meta(x, cpu_scalars) for x in v)
-    if cpu_scalars and isinstance(v, torch.Tensor) and v.dim() == 0 and v.device.type == "cpu":
-        return torch.empty((), dtype=v.dtype, device="meta")
-    if isinstance(v, torch.device) or (isinstance(v, str) and v.startswith("lazy")):
-        return torch.device("meta")
-    return v
-
-
-def _out_meta(out: Any) -> Any:
-    """Output metadata: a Meta, None, or a tuple of those for multi-output ops."""
-    if out is None:
-        return None
-    if isinstance(out, torch.Tensor):
-        return meta_of(out)
-    if isinstance(out, (list, tuple)) and all(
-        o is None or isinstance(o, torch.Tensor) for o in out
-    ):
-        metas = [_out_meta(o) for o in out]
-        return tuple(metas) if isinstance(out, tuple) else metas
-    raise NotImplementedError(f"output of type {type(out).__name__} needs a fallback")
-
-
-def infer(func: Any, args: tuple, kwargs: dict, key: tuple) -> Any:
-    """Output metadata of ``func`` on these arguments (raises PyTorch's own errors)."""
-    return _memo(func, args, kwargs, key)[0]
-
-
-def _memo(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None) -> tuple:
-    """The memo entry of a call: its output metadata, and ``template`` as first recorded (for a
-    recorded call, the nodes of equal calls share it instead of one each)."""
-    entry = _meta_cache.get(key)
-    if entry is None:
-        margs = _to_meta(args, True)  # 0-dim CPU tensors too: eager CUDA takes them as scalars
-        mkwargs = {k: _to_meta(v, True) for k, v in kwargs.items()}
-        try:
-            with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # meta kernels warn about resizing out= tensors
-                result = func(*margs, **mkwargs)
-        except _FALLBACK_EXCEPTIONS:
-            raise
-        except Exception:
-            # Eager's error (CPU scalars keep their values); eager skips the checks of some
-            # kernels for empty tensors (log_softmax of a bool one): then its result's metadata.
-            result = check_like_eager(func, args, kwargs)
-            if not _all_empty(result):
-                raise
-        if str(func) in _MATMUL_OPS and len({a.dtype for a in margs if _is_meta(a)}) > 1:
-            _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
-        result = eager_memo_rule(func, margs, mkwargs, result)  # what meta kernels miss
-        _dtype_checks.check(func, margs, mkwargs)  # eager's kernels refuse some dtypes
-        entry = _meta_cache[key] = (_out_meta(result), template)
-    return entry
-
-
-def _is_meta(v: Any) -> bool:
-    return isinstance(v, torch.Tensor) and v.device.type == "meta"
-
-
-def check_like_eager(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Raise the error eager CPU PyTorch gives for arguments of these shapes and dtypes, if any;
-    else eager's result on zeros."""
-    return _raise_eager_error(func, _to_meta(args), {k: _to_meta(v) for k, v in kwargs.items()})
-
-
-def _all_empty(result: Any) -> bool:
-    outs = result if isinstance(result, (list, tuple)) else [result]
-    return bool(outs) and all(isinstance(t, torch.Tensor) and t.numel() == 0 for t in outs)
-
-
-def _raise_eager_error(func: Any, margs: Any, mkwargs: dict) -> Any:
-    """Raise the error eager CPU PyTorch gives for these shapes (meta kernels word some
-    differently); else return eager's result."""
-
-    def cpu(v: Any) -> Any:
-        if _is_meta(v):
-            return torch.zeros(v.shape, dtype=v.dtype)
-        if isinstance(v, (list, tuple)):
-            return type(v)(cpu(x) for x in v)
-        return torch.device("cpu") if isinstance(v, torch.device) else v
-
-    try:
-        with torch._C._DisableTorchDispatch():
-            return func(*cpu(margs), **{k: cpu(v) for k, v in mkwargs.items()})
-    except Exception as eager_error:
-        raise eager_error.with_traceback(None) from None
-
-
-# ----------------------------------------------------------------------------------------------
 # Recording.
 
 
@@ -431,7 +301,7 @@ def record(
     ops = _Operands()
     args_t, kwargs_t = _template(plan, args, kwargs, ops)
     key = memo_key(plan.name, args_t, kwargs_t, ops.keys)
-    meta, arg = _memo(func, args, kwargs, key, (args_t, kwargs_t))
+    meta, arg = memo_entry(func, args, kwargs, key, (args_t, kwargs_t))
     runtime_kwargs = (("_precision", _matmul_precision()),) if plan.matmul else ()
     if extra is not None:
         runtime_kwargs += extra(ops)
@@ -498,7 +368,7 @@ def _elements(func: Any, plan: _Plan, calls: list[tuple[tuple, dict]]) -> tuple:
         start, ops.base = len(ops.keys), len(ops.srcs)
         args_t, kwargs_t = _template(plan, args, kwargs, ops)
         key = memo_key(plan.name, args_t, kwargs_t, ops.keys[start:])
-        meta, template = _memo(func, args, kwargs, key, (args_t, kwargs_t))
+        meta, template = memo_entry(func, args, kwargs, key, (args_t, kwargs_t))
         metas.append(meta)
         templates.append(template)
         counts.append(len(ops.srcs) - ops.base)
@@ -786,7 +656,7 @@ def _configure_native() -> None:
             foreign_type=torch.Tensor,
             fallback=dispatch,
             flags=vars(_sites),
-            meta_cache=_meta_cache,
+            meta_cache=meta_cache,
             constants=_constants,
             dtype_names=DTYPE_NAMES,
             scalar_leaf=scalar_leaf,

@@ -1,6 +1,6 @@
 """Eager CPU's checks that meta kernels skip, replayed on stand-ins at the user's line.
 
-Shape inference (dispatch.py's ``_memo``) runs each op on meta tensors. For a few ops the meta
+Shape inference (shapes.py's ``memo_entry``) runs each op on meta tensors. For a few ops the meta
 kernel accepts a call eager CPU PyTorch refuses (a max over an empty dimension), which would be
 recorded and then fail to compile at the next barrier, or gives another dtype (a bool tensor to a
 bool power). For those ops eager is replayed on stand-ins of the arguments' shapes and dtypes that

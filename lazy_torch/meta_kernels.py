@@ -1,6 +1,6 @@
 """Meta kernels (shape, dtype and stride inference) for aten ops PyTorch ships none for.
 
-Shape inference runs each op on meta tensors (lazy_torch/dispatch.py); an op without a meta kernel
+Shape inference runs each op on meta tensors (lazy_torch/shapes.py); an op without a meta kernel
 raises NotImplementedError there and takes the CPU fallback even when it has a lowering. The
 kernels here give the sizes and strides eager CPU PyTorch gives. They need not word errors as eager
 does: on any error, dispatch reruns the op eagerly on zeros and raises eager's own.
