@@ -1,10 +1,10 @@
 """Seeded random programs agree on eager CPU and on the lazy device: every live tensor's values,
 shape, dtype, strides and contiguity, every Python value synced, and every error's type.
 
-The generator and the checker are in differential.py beside this file; the known failures it
-leaves out are listed here. Each chunk runs its programs and their twins (the same program with the other member of
-each pair of conflated literals: 8/8.0, True/1, -1/-2, 0.0/-0.0) in one process, forward and then
-in reverse, so process-wide executable caches and shape memos see every collision both ways.
+The generator is in differential.py beside this file, the checker in lockstep.py; the known
+failures the generator leaves out are listed here. Each chunk runs its programs and their twins
+(the same program with the other member of each pair of conflated literals: 8/8.0, True/1, -1/-2,
+0.0/-0.0) in one process, forward and then in reverse, so process-wide executable caches and shape memos see every collision both ways.
 
 More programs: ``LAZY_DIFF_PROGRAMS=5000 pytest -m slow -n 2 tests/lazy_torch/test_differential.py``
 (a count of distinct programs, twins included; each runs twice). A failure prints its program
@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from tests.lazy_torch import differential
+from tests.lazy_torch import differential, lockstep
 from tests.lazy_torch.differential import Known
 
 # Known bugs, left out of generated programs until they are fixed. Empty this list as they are.
@@ -54,7 +54,7 @@ SLOW_FIRST_SEED = 100_000  # apart from the default run's seeds
 
 
 def _run(seeds: range, record_property) -> None:
-    counts = differential.run_programs(seeds, KNOWN_FAILURES)
+    counts = lockstep.run_programs(seeds, KNOWN_FAILURES)
     record_property("program_runs", counts["programs"])
     record_property("statements", sum(v for k, v in counts.items() if k in differential.VOCABULARY))
     print(f"seeds {seeds.start}-{seeds.stop - 1}: {dict(counts)}")

@@ -7,7 +7,7 @@ import torch
 
 import lazy_torch
 from runtime import config, executor
-from tests.lazy_torch import differential
+from tests.lazy_torch import lockstep
 from tests.lazy_torch.test_differential import KNOWN_FAILURES
 
 
@@ -25,7 +25,7 @@ def always(monkeypatch):
 
 @pytest.mark.parametrize("chunk", range(2))
 def test_random_programs_match_eager_op_by_op(always, chunk):
-    counts = differential.run_programs(range(500 + 12 * chunk, 512 + 12 * chunk), KNOWN_FAILURES)
+    counts = lockstep.run_programs(range(500 + 12 * chunk, 512 + 12 * chunk), KNOWN_FAILURES)
     assert counts["programs"] > 0
     assert _counter("interpreted_graphs") > 0 and _counter("cache_hits") == 0
 
