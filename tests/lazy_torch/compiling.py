@@ -38,6 +38,20 @@ def assert_same(got, expected, rtol: float = 1e-5, atol: float = 1e-6, msg: str 
     torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=msg or None)
 
 
+def record_step(run: dict, loss: torch.Tensor, compiles_before: int) -> None:
+    """A training run's loss, captures so far and compiles of the step just ended."""
+    run["losses"].append(loss.detach())
+    run["captures"].append(counter("captures"))
+    run["compiles"].append(counter("compiles") - compiles_before)
+
+
+def finish_run(run: dict, model: nn.Module) -> dict:
+    """The run with its losses on the CPU as one tensor and the model's state after it."""
+    run["losses"] = torch.stack([l.cpu() for l in run["losses"]])
+    run["state"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return run
+
+
 class Net(nn.Module):
     """Batch norm makes train() and eval() compute different things."""
 

@@ -26,6 +26,8 @@ from tests.lazy_torch.compiling import (
     call_nodes,
     compile_warnings,
     counter,
+    finish_run,
+    record_step,
 )
 from tests.lazy_torch.models import SmallCNN, data, make_optimizer, mlp
 
@@ -59,11 +61,8 @@ def train(model, batches, optimizer: str, device: str, compiled: bool = False) -
         sched.step()
         if lazy:
             lazy_torch.mark_step()
-        run["losses"].append(loss.detach())
-        run["captures"].append(counter("captures"))
-        run["compiles"].append(counter("compiles") - before)
-    run["losses"] = torch.stack([l.cpu() for l in run["losses"]])
-    run["state"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        record_step(run, loss, before)
+    finish_run(run, model)
     run["recaptures"] = counter("recaptures")
     return run
 

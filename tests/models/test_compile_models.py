@@ -10,7 +10,13 @@ import pytest
 import torch
 
 import lazy_torch
-from tests.lazy_torch.compiling import call_nodes, compile_warnings, counter
+from tests.lazy_torch.compiling import (
+    call_nodes,
+    compile_warnings,
+    counter,
+    finish_run,
+    record_step,
+)
 from tests.models import test_language_models, test_t5_and_vision
 from tests.models.common import RTOL, to_device
 
@@ -43,11 +49,8 @@ def train(model, batches, loss_fn, device: str, compiled: bool = False) -> dict:
         opt.step()
         if lazy:
             lazy_torch.mark_step()
-        run["losses"].append(loss.detach())
-        run["captures"].append(counter("captures"))
-        run["compiles"].append(counter("compiles") - before)
-    run["losses"] = torch.stack([l.cpu() for l in run["losses"]])
-    run["state"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        record_step(run, loss, before)
+    finish_run(run, model)
     run["fallbacks"] = [k for k in lazy_torch.metrics.counters() if k.startswith("fallback::")]
     return run
 
