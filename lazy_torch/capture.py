@@ -108,7 +108,6 @@ class _Capture:
         self.flat: list[Any] = []  # the flat outputs as captured (non-tensors are returned as is)
         self.outputs: list[tuple[int, tuple]] = []  # (flat position, Meta) per tensor output
         self.mutated: list[tuple] = []  # the role of each storage the forward writes
-        self.saved = 0  # activations the backward reads
         self.draws = 0  # random draws the forward makes
         self.diff_outputs: list[int] = []  # tensor outputs whose gradients the backward takes
         self.diff_inputs: list[tuple] = []  # ("arg", k) or ("tensor", t) per gradient it gives
@@ -355,11 +354,10 @@ def _capture(
         backward_roots = _record_backward(capture, outs, tensors, leaves, roles)
         backward_roots = substituted(backward_roots, memo, replace)
     if backward_roots:
-        inside = _closure(forward)
+        inside = {id(n) for n in cut_graph(forward).nodes}
         saved: dict[int, Node] = {}
         backward_roots = substituted(backward_roots, {}, lambda n: _saved(n, inside, saved, roles))
         forward += [n for n, _ in saved.values()]
-        capture.saved = len(saved)
     capture.forward = _Region(forward, roles)
     if backward_roots:
         capture.backward = _Region(backward_roots, roles)
@@ -386,17 +384,6 @@ def _saved(n: Node, inside: set[int], saved: dict[int, tuple], roles: dict[int, 
         roles[id(p)] = ("saved", len(saved))
         entry = saved[id(n)] = (n, p)
     return entry[1]
-
-
-def _closure(roots: list[Node]) -> set[int]:
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        n = stack.pop()
-        if id(n) not in seen:
-            seen.add(id(n))
-            stack.extend(n.src)
-    return seen
 
 
 def _grad_leaves(outs: list[LazyTensor], tensors: list[LazyTensor]) -> list[LazyTensor]:
