@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lazy_torch.dispatch import bound_arguments, check_like_eager, special
-from lazy_torch.tensor import LazyTensor, to_cpu
+from lazy_torch.tensor import LazyTensor, to_cpu, wrap
 
 aten = torch.ops.aten
 
@@ -64,7 +64,9 @@ def _nonzero(func, args, kwargs):
     x = args[0]
     check_like_eager(func, args, kwargs)
     size = _count(x.ne(0), "nonzero")
-    return aten.nonzero_static.default(x, size=size)
+    out = aten.nonzero_static.default(x, size=size)
+    # Eager's kernel fills a (dims, count) tensor and returns its transpose: strides (1, count).
+    return wrap(out._lazy, (out._meta[0], (1, size), 0, out.dtype))
 
 
 @special(aten.masked_select.default)

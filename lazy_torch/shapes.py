@@ -11,7 +11,8 @@ import torch
 from lazy_core import digest, digest_with
 from lazy_torch import dtype_checks as _dtype_checks
 from lazy_torch.eager_checks import eager_memo_rule
-from lazy_torch.tensor import LazyTensor, meta_of
+from lazy_torch.strides import output_meta
+from lazy_torch.tensor import LazyTensor
 
 # Ops whose (functional) result needs runtime-side keyword arguments.
 MATMUL_OPS = frozenset(
@@ -68,20 +69,6 @@ def _to_meta(v: Any, cpu_scalars: bool = False) -> Any:
     return v
 
 
-def _out_meta(out: Any) -> Any:
-    """Output metadata: a Meta, None, or a tuple of those for multi-output ops."""
-    if out is None:
-        return None
-    if isinstance(out, torch.Tensor):
-        return meta_of(out)
-    if isinstance(out, (list, tuple)) and all(
-        o is None or isinstance(o, torch.Tensor) for o in out
-    ):
-        metas = [_out_meta(o) for o in out]
-        return tuple(metas) if isinstance(out, tuple) else metas
-    raise NotImplementedError(f"output of type {type(out).__name__} needs a fallback")
-
-
 def infer(func: Any, args: tuple, kwargs: dict, key: tuple) -> Any:
     """Output metadata of ``func`` on these arguments (raises PyTorch's own errors)."""
     return memo_entry(func, args, kwargs, key)[0]
@@ -110,7 +97,8 @@ def memo_entry(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any =
             _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
         result = eager_memo_rule(func, margs, mkwargs, result)  # what meta kernels miss
         _dtype_checks.check(func, margs, mkwargs)  # eager's kernels refuse some dtypes
-        entry = meta_cache[key] = (_out_meta(result), template)
+        # Metas with eager's strides, which meta kernels' layout rules do not always give
+        entry = meta_cache[key] = (output_meta(func, args, kwargs, result), template)
     return entry
 
 
