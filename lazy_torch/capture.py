@@ -36,6 +36,7 @@ from lazy_torch import amp
 from lazy_torch import rng as _rng
 from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
+from lazy_torch.dynamo import compile_session
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, fresh
 
@@ -288,7 +289,7 @@ def _capture(
     flat_in, _ = pytree.tree_flatten((args, kwargs))
     tensors = [t for t in flat_in if isinstance(t, LazyTensor)]
     watch = _Watch(device)
-    with watch:
+    with watch, compile_session():
         result = fn(*args, **kwargs)
     why = watch.broken()
     if why is not None:
@@ -297,6 +298,9 @@ def _capture(
     capture.draws = watch.rng.draws
     flat_out, capture.out_spec = pytree.tree_flatten(result)
     capture.flat = [None if isinstance(v, torch.Tensor) else v for v in flat_out]
+    kept = [v for v in capture.flat if not isinstance(v, _KEPT)]
+    if kept:  # returned by every replay as is: it may hold this call's tensors or state
+        return result, f"it returns a {type(kept[0]).__qualname__} object (not a pytree node)"
     outs = [(k, v) for k, v in enumerate(flat_out) if isinstance(v, torch.Tensor)]
     if any(type(v) is not LazyTensor for _, v in outs):
         return result, "it returns a tensor that is not on the lazy device"
@@ -502,6 +506,8 @@ def _ids(objects: Any) -> tuple:
 _NOT_NONE = functools.partial(operator.is_not, None)
 _TRAINING = operator.attrgetter("training")
 _PLAIN = (int, float, bool, str, type(None))
+# The non-tensor outputs a replay returns as the capture found them: immutable, holding nothing.
+_KEPT = (*_PLAIN, complex, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format)
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _VIEW = operator.attrgetter("_lazy")
 

@@ -227,9 +227,35 @@ class Outputs(nn.Module):
             return y, 3, (y.sum(), None, "name")
         if self.kind == "dict":
             return {"logits": y, "k": 2.5, "parts": [y.relu(), torch.float16], "none": None}
-        from transformers.modeling_outputs import SequenceClassifierOutput
+        # Imported before the call, as a model's module imports it: a ModelOutput class made
+        # inside a capture is no pytree node (transformers registers none while compiling).
+        return _model_output()(loss=y.square().mean(), logits=y)
 
-        return SequenceClassifierOutput(loss=y.square().mean(), logits=y)
+
+def _model_output() -> type:
+    from transformers.modeling_outputs import SequenceClassifierOutput
+
+    return SequenceClassifierOutput
+
+
+class Holder:
+    """A result that is not a pytree node: it holds a tensor of the call."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+def test_an_output_that_is_no_pytree_node_runs_op_by_op():
+    # Returned as the capture found it, it would hold the first call's tensor at every replay.
+    model = lazy_torch.compile(nn.Linear(4, 3).to("lazy"))
+    fn = lazy_torch.compile(lambda x: Holder(model(x) * 2))
+    with pytest.warns(UserWarning, match=r"returns a Holder object .*test_compile_features.py:"):
+        fn(torch.ones(2, 4, device="lazy"))
+    for k in range(3):
+        x = torch.full((2, 4), float(k))
+        got = fn(x.to("lazy")).value
+        expected = (x @ model.weight.detach().cpu().T + model.bias.detach().cpu()) * 2
+        assert_same(got, expected, rtol=1e-6, atol=1e-6)
 
 
 def _leaves(tree) -> list:
@@ -242,6 +268,7 @@ def _leaves(tree) -> list:
 def test_pytree_outputs_with_non_tensor_entries(kind):
     if kind == "model_output":
         pytest.importorskip("transformers")
+        _model_output()
     torch.manual_seed(0)
     eager = Outputs(kind)
     model = lazy_torch.compile(copy.deepcopy(eager).to("lazy"))

@@ -241,6 +241,21 @@ def test_other_torch_versions_are_refused(monkeypatch):
         lazy_dynamo.check_torch_version()
 
 
+def test_compile_session_sets_what_is_compiling_reads():
+    # lazy_torch.compile's watched call runs inside compile_session(), so libraries take the
+    # traceable paths they take under torch.compile (transformers' attention-mask checks).
+    assert not torch.compiler.is_compiling()
+    with lazy_dynamo.compile_session():
+        assert torch.compiler.is_compiling()
+        with lazy_dynamo.compile_session():
+            assert torch.compiler.is_compiling()
+        assert torch.compiler.is_compiling()
+    assert not torch.compiler.is_compiling()
+    with pytest.raises(ValueError), lazy_dynamo.compile_session():
+        raise ValueError
+    assert not torch.compiler.is_compiling()
+
+
 def _compile_context():
     from torch._guards import CompileContext, CompileId, compile_context
 

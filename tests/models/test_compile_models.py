@@ -86,3 +86,41 @@ def test_trains_like_eager_under_compile(name, monkeypatch, recwarn):
     assert compiled["calls"] == [0] + [2] * (STEPS - 1), compiled["calls"]
     assert compiled["compiles"][2:] == [0] * (STEPS - 2), compiled["compiles"]
     assert compiled["fallbacks"] == [], compiled["fallbacks"]
+
+
+def _padded(batches: list, step: int) -> torch.Tensor:
+    """An attention mask for a batch like ``batches[0]``'s inputs: a full one every third step
+    (transformers may then skip the mask), else rows padded by 0 to 5 positions at the end."""
+    ids = batches[0] if isinstance(batches[0], torch.Tensor) else batches[0][0]
+    mask = torch.ones(ids.shape, dtype=torch.long)
+    if step % 3:
+        for row in range(ids.shape[0]):
+            pad = (step + 2 * row) % 6
+            if pad:
+                mask[row, -pad:] = 0
+    return mask
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_attention_masks_stay_captured(name, monkeypatch, recwarn):
+    """A model given an attention mask is captured once: transformers' check whether the mask
+    may be skipped (``mask.all()``, a sync on an argument) is a traceable path inside a capture,
+    as under torch.compile, and padded and full masks give eager's losses."""
+    module, build = BUILDERS[name]
+    monkeypatch.setattr(module, "STEPS", STEPS)
+    model, batches, loss_fn = build()
+    batches = [(b, _padded([b], k)) for k, b in enumerate(batches)]
+
+    def masked_loss(m, b):
+        inputs, mask = b
+        if name == "gpt2":
+            return m(input_ids=inputs, attention_mask=mask, labels=inputs.masked_fill(mask == 0, -100)).loss
+        return m(input_ids=inputs[0], attention_mask=mask, labels=inputs[1]).loss
+
+    compiled = train(model, batches, masked_loss, "lazy", compiled=True)
+    assert compile_warnings(recwarn.list) == []
+    eager = train(model, batches, masked_loss, "cpu")
+    _close(compiled, eager, rtol=RTOL, atol=1e-5)
+    assert compiled["captures"] == [1] * STEPS, compiled["captures"]
+    assert compiled["calls"] == [0] + [2] * (STEPS - 1), compiled["calls"]
