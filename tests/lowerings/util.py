@@ -30,7 +30,7 @@ def to_torch(a) -> torch.Tensor:
 def _scalar_slots(op) -> tuple[set[int], set[str]]:
     pos, names = set(), set()
     for i, a in enumerate(op._schema.arguments):
-        if str(a.type).rstrip("?") == "Scalar":
+        if str(a.type).rstrip("?") in ("Scalar", "number"):  # torch 2.13 prints Scalar as number
             (names if a.kwarg_only else pos).add(i if not a.kwarg_only else a.name)
     return pos, names
 
