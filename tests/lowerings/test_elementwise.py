@@ -240,6 +240,19 @@ def test_pow_float():
     check_lowering(aten.pow.Tensor_Scalar, a.bfloat16(), 2, **BF16_TOL)
 
 
+def test_pow_scalar_exponents_as_eager():
+    """Eager CPU computes x ** 2, 3, -1, -2, 0.5 and -0.5 without a power (x * x * x for 3.0).
+    The exponent is a graph parameter; the CPU program picks eager's computation by its value at
+    run time, so products and reciprocals are bit-exact (and GPT-2's gelu_new takes no libm power
+    per element)."""
+    x = torch.cat([make((64,), low=-4, high=4), SPECIAL])
+    for exponent in [2.0, 3.0, -1.0, 2, 3, -1]:
+        check_lowering(aten.pow.Tensor_Scalar, x, exponent, atol=0, rtol=0)
+    check_lowering(aten.pow.Tensor_Scalar, x.double(), 3.0, atol=0, rtol=0)
+    for exponent in [-2.0, 0.5, -0.5, 2.5]:
+        check_lowering(aten.pow.Tensor_Scalar, x, exponent)
+
+
 def test_pow_int():
     base = make((5, 7), torch.int64, -3, 3)
     exponent = make((5, 7), torch.int64, -3, 12, seed=1)
