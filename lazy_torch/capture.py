@@ -32,11 +32,12 @@ import runtime
 from lazy_core import Node, cut_graph, data_leaf, digest, getitem, live_storages
 from lazy_core.ir import GETITEM
 from lazy_core.rebase import substituted
-from lazy_torch import amp
+from lazy_torch import amp, results
 from lazy_torch import rng as _rng
 from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dynamo import compile_session
+from lazy_torch.side_effects import Effects
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, fresh
 
@@ -105,10 +106,10 @@ class _Capture:
         self.device = device
         self.forward: _Region | None = None
         self.backward: _Region | None = None
-        self.out_spec: Any = None
-        self.flat: list[Any] = []  # the flat outputs as captured (non-tensors are returned as is)
-        self.outputs: list[tuple[int, tuple]] = []  # (flat position, Meta) per tensor output
+        self.out_spec: Any = None  # how the result is rebuilt around the outputs (results.py)
+        self.outputs: list[tuple[int | None, tuple]] = []  # (position in the result, Meta)
         self.mutated: list[tuple] = []  # the role of each storage the forward writes
+        self.writes: list[tuple] = []  # (submodule, name, output) per tensor attribute it sets
         self.draws = 0  # random draws the forward makes
         self.diff_outputs: list[int] = []  # tensor outputs whose gradients the backward takes
         self.diff_inputs: list[tuple] = []  # ("arg", k) or ("tensor", t) per gradient it gives
@@ -171,10 +172,9 @@ class _Capture:
         base = len(self.outputs)
         for k, role in enumerate(self.mutated):
             _storage_of(role, tensors).set(getitem(node, base + k))
-        flat = list(self.flat)
-        for (pos, _), t in zip(self.outputs, outs):
-            flat[pos] = t
-        return pytree.tree_unflatten(flat, self.out_spec)
+        for module, name, k in self.writes:
+            setattr(module, name, outs[k])
+        return results.unflatten(self.out_spec, outs)
 
     def wrap(self, node: Node) -> tuple:
         return tuple(
@@ -282,13 +282,20 @@ def _reads(before: dict[int, tuple], roots: list[Node]) -> bool:
 
 
 def _capture(
-    fn: Callable, args: tuple, kwargs: dict, owned: dict[int, LazyTensor], device: int
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    owned: dict[int, LazyTensor],
+    device: int,
+    modules: list[torch.nn.Module],
 ) -> tuple[Any, _Capture | str]:
     """Run ``fn(*args, **kwargs)`` op by op, watched; its result, and the capture (or why there
-    is none). ``owned`` maps storage ids to the tensors owning them (parameters, buffers)."""
+    is none). ``owned`` maps storage ids to the tensors owning them (parameters, buffers),
+    ``modules`` lists the submodules whose attributes the call may set (side_effects.py)."""
     flat_in, _ = pytree.tree_flatten((args, kwargs))
     tensors = [t for t in flat_in if isinstance(t, LazyTensor)]
     watch = _Watch(device)
+    effects = Effects(modules)
     with watch, compile_session():
         result = fn(*args, **kwargs)
     why = watch.broken()
@@ -296,17 +303,28 @@ def _capture(
         return result, why
     capture = _Capture(device)
     capture.draws = watch.rng.draws
-    flat_out, capture.out_spec = pytree.tree_flatten(result)
-    capture.flat = [None if isinstance(v, torch.Tensor) else v for v in flat_out]
-    kept = [v for v in capture.flat if not isinstance(v, _KEPT)]
-    if kept:  # returned by every replay as is: it may hold this call's tensors or state
-        return result, f"it returns a {type(kept[0]).__qualname__} object (not a pytree node)"
-    outs = [(k, v) for k, v in enumerate(flat_out) if isinstance(v, torch.Tensor)]
+    try:
+        flat_out, capture.out_spec = results.flatten(result)
+    except results.Unrebuildable as e:
+        return result, str(e)
+    outs = list(enumerate(flat_out))
     if any(type(v) is not LazyTensor for _, v in outs):
         return result, "it returns a tensor that is not on the lazy device"
     before = watch.before
     if any(id(v._lazy.storage.node) in before for _, v in outs):
         return result, "it returns a tensor that shares memory with one that existed before"
+    known = {id(s) for _, s in before.values()}
+    writes, why = effects.after(known, [v for _, v in outs])
+    if why is not None:
+        return result, why
+    # A tensor the call stored on a submodule is an output too (unless it is one already),
+    # assigned again by each replay.
+    number = {id(v): j for j, (_, v) in enumerate(outs)}
+    for m, name, v in writes:
+        if id(v) not in number:
+            number[id(v)] = len(outs)
+            outs.append((None, v))
+        capture.writes.append((m, name, number[id(v)]))
     capture.outputs = [(k, v._meta) for k, v in outs]
 
     # Where each storage read comes from.
@@ -506,8 +524,6 @@ def _ids(objects: Any) -> tuple:
 _NOT_NONE = functools.partial(operator.is_not, None)
 _TRAINING = operator.attrgetter("training")
 _PLAIN = (int, float, bool, str, type(None))
-# The non-tensor outputs a replay returns as the capture found them: immutable, holding nothing.
-_KEPT = (*_PLAIN, complex, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format)
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _VIEW = operator.attrgetter("_lazy")
 
@@ -638,7 +654,8 @@ class _Compiled:
             runtime.metrics.site("recaptures", f"{site} ({why} changed)")
             if runtime.config.DEBUG:
                 print(f"[lazy] {self._name()} captured again at {site}: {why} changed")
-        result, capture = _capture(call, args, kwargs, owned, devices[0])
+        modules = self.modules if self.module is not None else []
+        result, capture = _capture(call, args, kwargs, owned, devices[0], modules)
         if isinstance(capture, str):
             self._warn(capture, site)
             return result, _EAGER

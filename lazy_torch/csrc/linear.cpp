@@ -17,6 +17,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
@@ -150,6 +151,25 @@ PyObject* set_linear_backward(PyObject*, PyObject* fn) {
     Py_RETURN_NONE;
 }
 
+// The tensors a LazyLinearBackward saved, for the grad_fn object fn (capture.py's check of what
+// a call keeps alive); None for any other grad_fn, or one whose tensors a backward released.
+PyObject* linear_saved(PyObject*, PyObject* fn) {
+    HANDLE_TH_ERRORS
+    if (!torch::autograd::THPCppFunction_Check(fn)) Py_RETURN_NONE;
+    Node* node = reinterpret_cast<torch::autograd::THPCppFunction*>(fn)->cdata.get();
+    auto* linear = dynamic_cast<LazyLinearBackward*>(node);
+    if (linear == nullptr) Py_RETURN_NONE;
+    at::Tensor x, w;
+    try {
+        x = linear->x.unpack();
+        w = linear->weight.unpack();
+    } catch (const c10::Error&) {  // released by a backward
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(NN)", THPVariable_Wrap(x), THPVariable_Wrap(w));
+    END_HANDLE_TH_ERRORS
+}
+
 }  // namespace
 
 PyMethodDef linear_methods[] = {
@@ -157,6 +177,8 @@ PyMethodDef linear_methods[] = {
      METH_FASTCALL,
      "linear(record, x, weight, bias, transposed, dtype): record(x, weight, bias, transposed, "
      "dtype) with a LazyLinearBackward grad_fn"},
+    {"linear_saved", linear_saved, METH_O,
+     "linear_saved(grad_fn) -> (x, weight) saved by a LazyLinearBackward, else None"},
     {"set_linear_backward", set_linear_backward, METH_O,
      "set_linear_backward(fn): fn(grad, x, weight, transposed, dtype, bias_dtype, need_x, "
      "need_w, need_b) -> (grad_x, grad_w, grad_b) runs each LazyLinearBackward"},

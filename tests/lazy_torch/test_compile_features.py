@@ -239,23 +239,51 @@ def _model_output() -> type:
 
 
 class Holder:
-    """A result that is not a pytree node: it holds a tensor of the call."""
+    """A result that is no pytree node, holding a tensor of the call and a shared object."""
+
+    def __init__(self, value: torch.Tensor, config: dict) -> None:
+        self.value = value
+        self.parts = [value.relu(), 3]
+        self.config = config
+
+
+class Slotted:
+    __slots__ = ("value",)
 
     def __init__(self, value: torch.Tensor) -> None:
         self.value = value
 
 
-def test_an_output_that_is_no_pytree_node_runs_op_by_op():
-    # Returned as the capture found it, it would hold the first call's tensor at every replay.
-    model = lazy_torch.compile(nn.Linear(4, 3).to("lazy"))
-    fn = lazy_torch.compile(lambda x: Holder(model(x) * 2))
-    with pytest.warns(UserWarning, match=r"returns a Holder object .*test_compile_features.py:"):
+def test_an_object_result_is_rebuilt_by_every_replay(recwarn):
+    # Returned as the capture found it, it would hold the first call's tensors at every replay.
+    model = nn.Linear(4, 3)
+    config = {"name": "shared"}
+    lazy_model = copy.deepcopy(model).to("lazy")
+    fn = lazy_torch.compile(lambda x: Holder(lazy_model(x) * 2, config))
+    results = []
+    for k in range(3):
+        x = torch.full((2, 4), float(k))
+        got = fn(x.to("lazy"))
+        expected = model(x) * 2
+        assert type(got) is Holder and got.config == config  # a pytree node: rebuilt too
+        assert call_nodes(got.value) == (k > 0)
+        assert_same(got.value, expected, rtol=1e-6, atol=1e-6)
+        assert_same(got.parts[0], expected.relu(), rtol=1e-6, atol=1e-6)
+        assert got.parts[1] == 3
+        results.append(got)
+    assert results[1] is not results[2] and results[1].parts is not results[2].parts
+    assert compile_warnings(recwarn.list) == []
+
+
+def test_a_result_out_of_sight_runs_op_by_op():
+    lazy_model = nn.Linear(4, 3).to("lazy")
+    fn = lazy_torch.compile(lambda x: Slotted(lazy_model(x)))
+    with pytest.warns(UserWarning, match=r"returns a Slotted object, which a replay cannot"):
         fn(torch.ones(2, 4, device="lazy"))
     for k in range(3):
         x = torch.full((2, 4), float(k))
-        got = fn(x.to("lazy")).value
-        expected = (x @ model.weight.detach().cpu().T + model.bias.detach().cpu()) * 2
-        assert_same(got, expected, rtol=1e-6, atol=1e-6)
+        expected = x @ lazy_model.weight.detach().cpu().T + lazy_model.bias.detach().cpu()
+        assert_same(fn(x.to("lazy")).value, expected, rtol=1e-6, atol=1e-6)
 
 
 def _leaves(tree) -> list:

@@ -109,13 +109,15 @@ def test_attention_masks_stay_captured(name, monkeypatch, recwarn):
     as under torch.compile, and padded and full masks give eager's losses."""
     module, build = BUILDERS[name]
     monkeypatch.setattr(module, "STEPS", STEPS)
-    model, batches, loss_fn = build()
+    model, batches, _ = build()
     batches = [(b, _padded([b], k)) for k, b in enumerate(batches)]
 
     def masked_loss(m, b):
         inputs, mask = b
         if name == "gpt2":
-            return m(input_ids=inputs, attention_mask=mask, labels=inputs.masked_fill(mask == 0, -100)).loss
+            return m(
+                input_ids=inputs, attention_mask=mask, labels=inputs.masked_fill(mask == 0, -100)
+            ).loss
         return m(input_ids=inputs[0], attention_mask=mask, labels=inputs[1]).loss
 
     compiled = train(model, batches, masked_loss, "lazy", compiled=True)
@@ -124,3 +126,24 @@ def test_attention_masks_stay_captured(name, monkeypatch, recwarn):
     _close(compiled, eager, rtol=RTOL, atol=1e-5)
     assert compiled["captures"] == [1] * STEPS, compiled["captures"]
     assert compiled["calls"] == [0] + [2] * (STEPS - 1), compiled["calls"]
+
+
+def test_a_returned_cache_holds_each_calls_keys_and_values():
+    """GPT-2 returns its key/value cache (a DynamicCache, no pytree node): every replay rebuilds
+    it around its own outputs instead of returning the first call's."""
+    config = transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    eager = transformers.GPT2LMHeadModel(config).eval()
+    model = lazy_torch.compile(copy.deepcopy(eager).to("lazy"))
+    before = counter("captures")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        ids = torch.randint(0, 128, (2, 8), generator=g)
+        with torch.no_grad():
+            got, expected = model(input_ids=ids.to("lazy")), eager(input_ids=ids)
+        torch.testing.assert_close(got.logits.cpu(), expected.logits, rtol=RTOL, atol=1e-5)
+        assert type(got.past_key_values) is type(expected.past_key_values)
+        for a, b in zip(got.past_key_values.layers, expected.past_key_values.layers, strict=True):
+            torch.testing.assert_close(a.keys.cpu(), b.keys, rtol=RTOL, atol=1e-5)
+            torch.testing.assert_close(a.values.cpu(), b.values, rtol=RTOL, atol=1e-5)
+    assert counter("captures") - before == 1

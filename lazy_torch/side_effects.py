@@ -1,0 +1,125 @@
+"""What a watched call of ``lazy_torch.compile`` (capture.py) leaves behind besides its result,
+and which of it a replay redoes.
+
+A replay records the call's graph and returns its outputs; none of the call's Python runs again.
+So each effect of the call beyond its result is one a replay redoes, or the call is not captured
+(it runs op by op, as ``torch.compile`` would run it after a graph break):
+
+- writes into tensors that existed before the call (BatchNorm's running statistics, in-place
+  updates of arguments): capture.py makes the new values outputs and writes them back;
+- tensors the call made and stored as attributes or buffers of the module's submodules
+  (``self.aux_loss = ...``, ``self.last = y.detach()``): outputs of the call too (differentiable
+  where they require grad), assigned again by each replay (``Effects.after`` lists them);
+- changed plain attributes of the submodules (``self.calls += 1``): refused, a replay would not
+  count;
+- tensors the call made and kept anywhere else (appended to a list, stored in a global or on an
+  object that is not a submodule): refused, a replay would leave the first call's value there.
+
+Tensors autograd saved for the backward are not kept by the call (they go with its graph): they
+are found on the graph's nodes (``grad_fn._saved_*``). Python state that holds no
+tensor made by the call (a global counter, a config object's field) is not seen: like the
+submodules' plain attributes read by the call, it is taken as it was at the capture.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+
+from lazy_core import live_storages
+from lazy_torch.tensor import LazyTensor, extension
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def plain_attributes(modules: list[torch.nn.Module]) -> list[dict[str, tuple]]:
+    """Each submodule's plain attributes, type-exact (1, 1.0 and True differ)."""
+    return [
+        {
+            k: (type(v), v.hex() if type(v) is float else v)
+            for k, v in m.__dict__.items()
+            if type(v) in _PLAIN
+        }
+        for m in modules
+    ]
+
+
+class Effects:
+    """Watches one call: the submodules' plain attributes before it, and, after it, what it
+    left behind."""
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self.modules = modules
+        self.plain = plain_attributes(modules)
+
+    def after(self, known: set[int], result: list[LazyTensor]) -> tuple[list, str | None]:
+        """After the call: the tensor attributes a replay sets again, as (submodule, name,
+        tensor) triples, or why the call cannot be replayed. ``known`` holds the ids of the
+        storages alive before the call (held by the caller), ``result`` the tensors it returned."""
+        returned = {id(t) for t in result}
+        results = {id(t._lazy.storage) for t in result}
+        writes = []
+        for m in self.modules:
+            for name, v in (*m.__dict__.items(), *m._buffers.items()):
+                if type(v) is not LazyTensor or id(v._lazy.storage) in known:
+                    continue
+                if id(v._lazy.storage) in results and id(v) not in returned:
+                    where = f"{type(m).__name__}.{name}"
+                    return [], f"it stores as {where} a tensor sharing memory with its result"
+                writes.append((m, name, v))
+        tensors = [*result, *(v for _, _, v in writes)]
+        saved = _saved_by_autograd(tensors)  # held until the end of this check
+        kept = {*saved, *(id(t._lazy.storage) for t in tensors)}
+        if self._made(known, kept):
+            gc.collect()  # a cycle may hold a temporary
+            if self._made(known, kept):
+                return [], (
+                    "it keeps a tensor it made where its result does not hold it (in a list, a "
+                    "global or an object other than its submodules), which a replay would not "
+                    "update"
+                )
+        return self._changed_attributes() or (writes, None)
+
+    def _made(self, known: set[int], kept: set[int]) -> set[int]:
+        """Storages made by the call and alive, other than ``kept``."""
+        return {id(s) for s in live_storages() if id(s) not in known and id(s) not in kept}
+
+    def _changed_attributes(self) -> tuple[list, str] | None:
+        for m, before, after in zip(self.modules, self.plain, plain_attributes(self.modules)):
+            if before != after:
+                name = next(k for k in {*before, *after} if before.get(k) != after.get(k))
+                return [], f"it changes the attribute {type(m).__name__}.{name}"
+        return None
+
+
+def _saved_by_autograd(outputs: list[LazyTensor]) -> dict[int, Any]:
+    """The storages of the lazy tensors that the autograd graph of ``outputs`` saved for the
+    backward (``grad_fn._saved_*``, and a custom Function's ``saved_tensors`` and context
+    attributes), by id."""
+    found: dict[int, Any] = {}
+    seen: set = set()
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        values: list = [getattr(fn, "__dict__", {}).values()]
+        if extension is not None:  # linear.py's C++ node
+            values.append([extension.linear_saved(fn)])
+        for name in dir(fn):
+            if name.startswith("_saved_") or name == "saved_tensors":
+                try:
+                    values.append([getattr(fn, name)])
+                except RuntimeError:  # freed by a backward, or never saved
+                    continue
+        for group in values:
+            for v in group:
+                for t in v if isinstance(v, (tuple, list)) else (v,):
+                    if type(t) is LazyTensor:
+                        storage = t._lazy.storage
+                        found[id(storage)] = storage
+        stack.extend(f for f, _ in fn.next_functions if f is not None)
+    return found
