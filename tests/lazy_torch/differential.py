@@ -32,14 +32,13 @@ import lazy_torch
 @dataclass(frozen=True)
 class Known:
     """A known bug: generated statements of ``kinds`` ("*": any) whose source matches ``source``
-    and (when given) whose eager error matches ``eager_error`` are left out; ``check`` names a
-    comparison that is relaxed instead. ``reason`` says why, with a minimal reproducer."""
+    and (when given) whose eager error matches ``eager_error`` are left out. ``reason`` says why,
+    with a minimal reproducer."""
 
     reason: str
     kinds: tuple[str, ...] = ()
     source: str = ""
     eager_error: str = ""
-    check: str = ""
 
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -106,7 +105,6 @@ class Program:
     seed: int
     twin: bool
     statements: list[tuple[str, str]]  # (kind, Python source)
-    relaxed: frozenset[str] = frozenset()  # checks known failures relax
 
     def source(self, mark: int | None = None) -> str:
         lines = [f"# program seed={self.seed} twin={self.twin}"]
@@ -611,8 +609,7 @@ def generate(seed: int, twin: bool = False, known: dict[str, Known] | None = Non
         for name in g.names(lambda t: t.numel() > MAX_NUMEL):  # keep programs small
             statements.append(("del", f"del {name}"))
             del g.ns[name]
-    relaxed = frozenset(k.check for k in known.values() if k.check)
-    return Program(seed, twin, statements, relaxed)
+    return Program(seed, twin, statements)
 
 
 def _main(argv: list[str]) -> None:

@@ -50,21 +50,14 @@ def _same_python(e, z, tol: dict) -> bool:
     return e == z
 
 
-def _layout(t: torch.Tensor, strides: bool = True) -> tuple:
+def _layout(t: torch.Tensor) -> tuple:
     """What the user sees of a tensor's layout: shape, dtype, strides, offset, contiguity."""
-    stride = t.stride() if strides else "(not compared)"
-    return (tuple(t.shape), t.dtype, stride, t.storage_offset(), t.is_contiguous())
+    return (tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t.is_contiguous())
 
 
-def _degenerate(v: object) -> bool:
-    return isinstance(v, torch.Tensor) and bool({0, 1} & set(v.shape))
-
-
-def compare(
-    eager: dict, lazy: dict, loose: set[str] = frozenset(), tols: dict | None = None
-) -> list[str]:
-    """Differences between the two namespaces' variables (values, metadata, identities); the
-    strides of ``loose`` tensors are not compared; ``tols``: Python numbers' tolerances."""
+def compare(eager: dict, lazy: dict, tols: dict | None = None) -> list[str]:
+    """Differences between the two namespaces' variables (values, metadata, identities);
+    ``tols``: Python numbers' tolerances."""
     problems, tols = [], tols or {}
     names = [k for k in eager if k not in HELPERS and not k.startswith("__")]
     if sorted(names) != sorted(k for k in lazy if k not in HELPERS and not k.startswith("__")):
@@ -81,7 +74,7 @@ def compare(
         if not isinstance(z, torch.Tensor):
             problems.append(f"{k}: lazy gave {type(z).__name__}")
             continue
-        meta_e, meta_z = _layout(e, k not in loose), _layout(z, k not in loose)
+        meta_e, meta_z = _layout(e), _layout(z)
         if meta_e != meta_z:
             problems.append(
                 f"{k}: (shape, dtype, stride, offset, contiguous) eager {meta_e}, lazy {meta_z}"
@@ -164,20 +157,12 @@ def _track_precision(eager: dict, line: str, before: set, tols: dict) -> None:
 
 
 def _lockstep(program: Program, eager: dict, lazy: dict, counts: Counter) -> None:
-    # Tensors computed from a size-0/1 dim somewhere in their history, while the known failure
-    # "size_one_strides" stands: their strides are not compared.
-    loose: set[str] = set()
     tols: dict[str, dict] = {}  # a synced number's tolerance: its tensor's dtype's
     for i, (kind, line) in enumerate(program.statements):
         counts[kind] += 1
         before = set(eager)
         err_e, warn_e = run_statement(eager, line)
         err_z, warn_z = run_statement(lazy, line)
-        used = set(re.findall(r"\bt\d+\b", line))
-        if "size_one_strides" in program.relaxed and any(
-            n in loose or _degenerate(eager.get(n)) for n in used
-        ):
-            loose |= (set(eager) - before) | set(re.findall(r"out=(t\d+)", line))
         _track_precision(eager, line, before, tols)
         if (err_e and err_e[0]) is not (err_z and err_z[0]):
             _fail(program, i, f"statement {i} raised {err_e} on eager but {err_z} on lazy")
@@ -185,7 +170,7 @@ def _lockstep(program: Program, eager: dict, lazy: dict, counts: Counter) -> Non
         if len(warn_e) != len(warn_z):
             _fail(program, i, f"statement {i} warned {warn_e} on eager but {warn_z} on lazy")
         if kind in SYNC_KINDS or i == len(program.statements) - 1:
-            problems = compare(eager, lazy, loose, tols)
+            problems = compare(eager, lazy, tols)
             if problems:
                 _fail(program, i, f"after statement {i}:\n  " + "\n  ".join(problems))
 

@@ -22,16 +22,6 @@ from tests.lazy_torch.differential import Known
 
 # Known bugs, left out of generated programs until they are fixed. Empty this list as they are.
 KNOWN_FAILURES: dict[str, Known] = {
-    "size_one_strides": Known(
-        "Output strides come from meta kernels, whose layout rules differ from eager CPU's "
-        "TensorIterator where a size-1 or size-0 dim is involved: x = torch.ones(8, 1).t(); "
-        "(x + 1).stride() is (1, 1) on eager, (8, 1) lazy; (torch.ones(0, 1) / 2).stride() is "
-        "(1, 0) on eager, (1, 1) lazy; torch.ones_like(torch.ones(1, 2, 4, 3).unfold(3, 3, 1)); "
-        "and not only on those dims: x = torch.ones(4, 4, 3).unfold(0, 3, 1); "
-        "x[1:, torch.tensor([1, 2])].stride() is (18, 9, 1, 3) on eager, (3, 3, 1, 6) lazy. "
-        "The strides of tensors computed from a tensor with a size-0/1 dim are not compared.",
-        check="size_one_strides",
-    ),
     "overlapping_writes": Known(
         "Writes into a tensor whose own elements share memory. Eager CPU accepts fill_ and "
         "zero_, and index_put_, masked_fill_ and index_fill_ with a deprecation warning (every "
@@ -96,4 +86,4 @@ def test_known_failures_name_kinds_of_the_vocabulary():
     kinds = set(differential.VOCABULARY) | {"*"}
     for name, known in KNOWN_FAILURES.items():
         assert known.reason, name
-        assert known.check or set(known.kinds) <= kinds, name
+        assert set(known.kinds) <= kinds, name
