@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -189,7 +189,7 @@ def _raise_eager_error(func: Any, args: tuple, kwargs: dict, out_names: list[str
     try:
         _run_eager(func, args, kwargs, out_names, values=False)
     except Exception as error:  # noqa: BLE001 (whatever eager raises is the answer)
-        raise error.with_traceback(None) from None
+        _raise_as_eager(error)
 
 
 def fallback_out_variant(run: Callable) -> Callable:
@@ -296,7 +296,7 @@ def _eager_outs(
             try:
                 entry = _run_eager(func, args, kwargs, out_names, values=True)
             except Exception as error:  # noqa: BLE001 (whatever eager raises is the answer)
-                raise error.with_traceback(None) from None
+                _raise_as_eager(error)
         else:
             if key is not None:
                 if len(_eager_outs_cache) >= _CACHE_LIMIT:
@@ -337,11 +337,16 @@ def _run_eager(
 
 
 def _call(func: Any, args: tuple, kwargs: dict) -> list[str]:
-    """Run ``func`` in eager CPU PyTorch (the RNG state kept as it was); its warnings' texts."""
+    """Run ``func`` in eager CPU PyTorch (the RNG state kept as it was); its warnings' texts.
+    Where it raises, raises ``_Refusal``: its error and the warnings eager gives before it."""
+    failed: list[Exception] = []
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _WithWarnings.apply(func, args, kwargs)
-    return [str(w.message) for w in caught]
+        _WithWarnings.apply(func, args, kwargs, failed)
+    messages = [str(w.message) for w in caught]
+    if failed:
+        raise _Refusal(failed[0], messages)
+    return messages
 
 
 class _WithWarnings(torch.autograd.Function):
@@ -350,8 +355,30 @@ class _WithWarnings(torch.autograd.Function):
     handler of the user's call), and ``apply``'s binding installs one."""
 
     @staticmethod
-    def forward(ctx: Any, func: Any, args: tuple, kwargs: dict) -> None:
-        func(*args, **kwargs)
+    def forward(ctx: Any, func: Any, args: tuple, kwargs: dict, failed: list) -> None:
+        try:
+            func(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 (handed to _call)
+            # Raised out of forward, the error would still be set when apply's handler gives the
+            # warnings the op gave before it: Python then fails the warning (a SystemError, or
+            # apply returns NULL with no exception) instead of raising the op's error.
+            failed.append(error)
+
+
+class _Refusal(Exception):
+    """Eager's error for a call (``error``) and the warnings it gave before it (``messages``)."""
+
+    def __init__(self, error: Exception, messages: list[str]):
+        super().__init__(str(error))
+        self.error, self.messages = error, messages
+
+
+def _raise_as_eager(error: Exception) -> NoReturn:
+    """Raise eager's ``error`` at the user's call, after the warnings eager gave before it."""
+    if isinstance(error, _Refusal):
+        _warn(error.messages)
+        error = error.error
+    raise error.with_traceback(None) from None
 
 
 def _to_cpu(v: Any, values: bool = False) -> Any:

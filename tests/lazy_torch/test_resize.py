@@ -320,6 +320,19 @@ def test_zeros_that_eager_refuses_ask_eager_with_the_values():
     _check(program)
 
 
+def test_out_call_eager_warns_then_refuses_raises_with_the_warning():
+    # cumsum resizes its bool out (a warning), then refuses the dtype. Asking eager gave a
+    # SystemError instead once any warning had come from the stand-in call before (here clamp's,
+    # differential seeds 100147 then 100152): the warning was issued with the error set.
+    def program(dev):
+        torch.clamp(torch.ones(2, 0, device=dev), min=1.5, out=torch.zeros(1, device=dev))
+        x = torch.ones(32, dtype=torch.float16, device=dev)
+        torch.cumsum(x, 0, out=torch.zeros(2, dtype=torch.bool, device=dev))
+
+    for _ in range(2):
+        assert isinstance(_check(program), NotImplementedError)
+
+
 # ----------------------------------------------------------------------------------------------
 # resize_ and resize_as_.
 
