@@ -12,6 +12,8 @@ layer's autograd node.
   autograd node instead of a ``torch.autograd.Function``.
 - ``count_steps`` (``csrc/steps.cpp``) counts Adam's CPU step tensors for fused.py's step, as
   ``torch._foreach_add_`` and ``item`` would, without a dispatch per tensor.
+- ``module_guards`` (``csrc/guards.cpp``) reads the guards of a module compiled by
+  ``lazy_torch.compile`` (capture.py) on each call.
 
 It compiles against the installed torch's headers and libraries, and
 ``pip install -e .`` builds in an isolated environment without torch, so it is built here instead:
@@ -42,7 +44,7 @@ import torch
 import runtime
 
 _SOURCES = [
-    Path(__file__).with_name("csrc") / name for name in ("wrapper.cpp", "linear.cpp", "steps.cpp")
+    Path(__file__).with_name("csrc") / name for name in ("wrapper.cpp", "linear.cpp", "steps.cpp", "guards.cpp")
 ]
 _NAME = "lazy_torch_wrapper"  # the module name its PyInit_ function is named after
 

@@ -268,6 +268,8 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "lazy_torch_wrapper", nullptr, -1, 
 
 extern PyMethodDef linear_methods[];  // linear.cpp
 extern PyMethodDef steps_methods[];   // steps.cpp
+extern PyMethodDef guards_methods[];  // guards.cpp
+void init_guards();                   // guards.cpp
 
 PyMODINIT_FUNC PyInit_lazy_torch_wrapper() {
     s_strides = PyUnicode_InternFromString("strides");
@@ -275,8 +277,9 @@ PyMODINIT_FUNC PyInit_lazy_torch_wrapper() {
     s_dtype = PyUnicode_InternFromString("dtype");
     s_device = PyUnicode_InternFromString("device");
     s_requires_grad = PyUnicode_InternFromString("requires_grad");
+    init_guards();
     PyObject* m = PyModule_Create(&module);
-    for (PyMethodDef* more : {linear_methods, steps_methods}) {
+    for (PyMethodDef* more : {linear_methods, steps_methods, guards_methods}) {
         if (m != nullptr && PyModule_AddFunctions(m, more) < 0) Py_CLEAR(m);
     }
     return m;

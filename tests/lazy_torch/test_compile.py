@@ -255,6 +255,39 @@ def test_changing_a_submodule_attribute_recaptures():
     assert counter("captures") == 4
 
 
+def test_module_guards_in_cpp_and_python_agree_and_see_each_change():
+    from lazy_torch import capture
+    from lazy_torch.tensor import extension
+
+    model = lazy_torch.compile(DropNet().to("lazy"))
+    model(torch.ones(64, 8).to("lazy"))
+    compiled = model.__dict__["_lazy_compiled"]
+    readers = [capture._module_guards] + ([extension.module_guards] if extension else [])
+
+    def read() -> tuple:
+        got = [f(compiled.tensor_dicts, compiled.modules, compiled.attributes) for f in readers]
+        assert all(g == got[0] for g in got)
+        return got[0]
+
+    seen = [read()]
+    changes = [
+        lambda: model.drop.eval(),  # one submodule only
+        lambda: model.drop.train(),
+        lambda: setattr(model.drop, "p", -0.0),  # 0.0 before
+        lambda: setattr(model.drop, "p", float("nan")),
+        lambda: next(model.parameters()).requires_grad_(False),
+        lambda: setattr(next(model.parameters()), "data", torch.zeros(3).to("lazy")),
+    ]
+    model.drop.p = 0.0
+    seen = [read()]
+    for change in changes:
+        change()
+        seen.append(read())
+    assert seen[2] == seen[0]  # train() again
+    assert len({seen[k] for k in (0, 1, 3, 4, 5, 6)}) == 6
+    assert read() == seen[-1]  # a nan equals itself
+
+
 def test_learning_rate_and_optimizer_state_never_recapture():
     """A scheduler moving the learning rate and AdamW's bias corrections are graph scalars."""
     torch.manual_seed(0)
