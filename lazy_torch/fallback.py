@@ -8,6 +8,7 @@ import torch
 
 import runtime
 from lazy_torch import tensor as _tensor
+from lazy_torch._dtypes import dtype_name
 from lazy_torch.sites import user_site
 
 
@@ -79,6 +80,57 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
     if isinstance(out, (tuple, list)):
         return type(out)(returned[id(o)] if id(o) in returned else _to_lazy(o, device) for o in out)
     return _to_lazy(out, device)
+
+
+def run_in_memory(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Run in-place or out= ``func`` in eager CPU PyTorch on one CPU copy of the memory of each
+    storage it writes, every lazy argument on such a storage a view of the copy laid out as it
+    is, and give those storages the memory eager leaves. False, with nothing run, where a tensor on
+    a written storage views it as another dtype, or ``func`` draws random numbers (the CPU
+    generator's).
+
+    For writes into a tensor whose elements share memory (overlapping unfold windows): eager
+    writes its elements in the order of its loops, each reading what earlier ones wrote, so the
+    memory it leaves (or its error) is the answer."""
+    written: list = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            value = kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
+            _flat_tensors((value,), written, [])
+    lazy_inputs: list = []
+    other_inputs: list = []
+    _flat_tensors((args, tuple(kwargs.values())), lazy_inputs, other_inputs)
+    storages = {id(t._lazy.storage): t._lazy.storage for t in written}
+    shared = [t for t in lazy_inputs if id(t._lazy.storage) in storages]
+    if (
+        torch.Tag.nondeterministic_seeded in func.tags
+        or any(t.dim() > 0 for t in other_inputs)  # the usual path raises the device error
+        or any(t._lazy.storage.node.dtype != dtype_name(t.dtype) for t in shared)
+    ):
+        return False
+    name = f"fallback::{func}"
+    runtime.metrics.count(name)
+    runtime.metrics.site(name, user_site())
+    dtypes = {id(t._lazy.storage): t.dtype for t in shared}
+    wholes = {
+        k: _tensor.wrap(s, _tensor.dense_meta(s.node.shape, dtypes[k])) for k, s in storages.items()
+    }
+    _tensor.materialize(lazy_inputs + list(wholes.values()), cause="fallback")
+    memory = {k: _tensor.to_cpu(w, cause="fallback") for k, w in wholes.items()}
+
+    def cpu(v: Any) -> Any:
+        if isinstance(v, _tensor.LazyTensor) and id(v._lazy.storage) in memory:
+            shape, stride, offset, dtype = v._meta
+            on = memory[id(v._lazy.storage)].untyped_storage()
+            return torch.empty(0, dtype=dtype).set_(on, offset, shape, stride)
+        if isinstance(v, (list, tuple)):
+            return type(v)(cpu(x) for x in v)
+        return _to_cpu(v)
+
+    func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+    for k, s in storages.items():
+        s.set(_tensor.from_cpu(memory[k], s.device).node)
+    return True
 
 
 def _device_index(kwargs: dict) -> int:

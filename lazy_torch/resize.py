@@ -18,8 +18,10 @@ from typing import Any, NoReturn
 import torch
 
 import lazy_core
+from lazy_core import window as _window
 from lazy_torch import eager_checks
 from lazy_torch._dtypes import dtype_name
+from lazy_torch.fallback import run_in_memory
 from lazy_torch.tensor import (
     LazyTensor,
     Meta,
@@ -173,12 +175,28 @@ def out_variant(functional: Any, dispatch: Callable) -> Callable:
             else:
                 inputs["dtype"] = outs[0].dtype
             result = dispatch(functional, args, inputs)
-        fill_outs(func, args, kwargs, out_names, result)
+        # An out whose elements share memory: eager writes it, element by element in the order
+        # of its loops, into a copy of its memory.
+        if not (_shares_own_memory(outs, result) and run_in_memory(func, args, kwargs)):
+            fill_outs(func, args, kwargs, out_names, result)
         if not func._schema.returns:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return handle
+
+
+def _shares_own_memory(outs: list, result: Any) -> bool:
+    """Whether an out tensor's elements share memory (overlapping unfold windows), which eager
+    writes in the order of its loops, and every out tensor has its result's shape (no resize)."""
+    outs, results = _flat(outs), _flat([result])
+    if not any(type(o) is LazyTensor and not o._lazy.writable for o in outs):
+        return False  # every out is written through inverses: its elements share no memory
+    if len(outs) != len(results) or any(
+        type(o) is not LazyTensor or o.shape != r.shape for o, r in zip(outs, results)
+    ):
+        return False
+    return any(not _window.distinct(o._meta[:3]) for o in outs)
 
 
 def _raise_eager_error(func: Any, args: tuple, kwargs: dict, out_names: list[str]) -> None:

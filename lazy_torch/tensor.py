@@ -224,7 +224,8 @@ def assign_cpu(t: LazyTensor, value: torch.Tensor) -> None:
 
 
 def materialize(tensors: Iterable[LazyTensor], cause: str) -> None:
-    sync([t._lazy.storage for t in tensors], cause)
+    # Each storage once: a sync settles every storage it is given on its own root.
+    sync(list({id(t._lazy.storage): t._lazy.storage for t in tensors}.values()), cause)
 
 
 def to_cpu(t: LazyTensor, cause: str = "cpu") -> torch.Tensor:

@@ -191,7 +191,29 @@ OUT_OVERLAPS = {
     "add into itself": lambda x: torch.add(x, 1, out=x),
     "add into a shifted view": lambda x: torch.add(x[:, 1:], 1, out=x[:, :4]),
     "mul into another row": lambda x: torch.mul(x[0], 2, out=x[1]),
+    # Out tensors whose own elements share memory: eager accepts overlapping windows (not an
+    # expand's repeated elements) and writes element by element in its loops' order, each
+    # reading what earlier ones wrote (differential seed 100688).
+    "clamp into itself, overlapping": lambda x: _into_itself(x.unfold(1, 3, 1), torch.clamp, 4.0),
+    "add into itself, overlapping": lambda x: _into_itself(x.unfold(1, 3, 1), torch.add, 1),
+    "where into itself, overlapping": lambda x: _into_itself(x.unfold(1, 2, 1), _where_above_2),
+    "neg into overlapping windows": lambda x: torch.neg(
+        torch.arange(9.0, device=x.device).view(3, 3), out=x[0].unfold(0, 3, 1)
+    ),
+    "neg into a window of one element": lambda x: torch.neg(x[1], out=x[0].as_strided((5,), (0,))),
+    "cumsum into overlapping windows": lambda x: torch.cumsum(
+        x[:, :3] * 1, 1, out=x[0].unfold(0, 3, 1)[:2]
+    ),
+    "add into an expanded row": lambda x: _into_itself(x[:1].expand(3, 5), torch.add, 1),
 }
+
+
+def _into_itself(w, op, *args):
+    return op(w, *args, out=w)
+
+
+def _where_above_2(w, out):  # other: a value per element of a window, so the last write shows
+    return torch.where(w > 2, w, -torch.arange(2.0, device=w.device), out=out)
 
 
 @pytest.mark.parametrize("name", list(OUT_OVERLAPS))
