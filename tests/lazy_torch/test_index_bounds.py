@@ -105,6 +105,24 @@ def test_integer_division_by_zero_matches_eager(name, dtype):
         torch.testing.assert_close(fn(a.to("lazy"), ok.to("lazy")).cpu(), fn(a, ok))
 
 
+@pytest.mark.parametrize("divisor", [0, False, "tensor", "lazy tensor", "broadcast"])
+@pytest.mark.parametrize("name", sorted(DIVISIONS))
+def test_integer_division_of_an_empty_tensor_by_zero_is_empty(name, divisor):
+    # Eager divides element by element: an empty result divides nothing and raises nothing
+    # (differential seeds 100795 and 100920: t // torch.tensor(0), t // False).
+    b = {
+        "tensor": torch.tensor(0),
+        "lazy tensor": torch.tensor(0, device="lazy"),
+        "broadcast": torch.tensor([0, 1, 0], device="lazy"),
+    }.get(divisor, divisor)
+    for shape in [(0, 3), (2, 0, 1), (3, 0, 3)]:
+        a = torch.zeros(shape, dtype=torch.int64)
+        expected = DIVISIONS[name](a, b.cpu() if isinstance(b, torch.Tensor) else b)
+        got = DIVISIONS[name](a.to("lazy"), b)
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        assert got.cpu().tolist() == expected.tolist()
+
+
 def _lazy_division_error(fn, a, b):
     try:
         fn(a.to("lazy"), b.to("lazy")).cpu()
