@@ -17,9 +17,9 @@ run op by op for good, with one warning naming the cause and the user's line.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
-import struct
 import types
 import warnings
 from collections.abc import Callable
@@ -33,17 +33,20 @@ import runtime
 from lazy_core import Node, cut_graph, data_leaf, digest, getitem, live_storages
 from lazy_core.ir import GETITEM
 from lazy_core.rebase import substituted
-from lazy_torch import amp, results
+from lazy_torch import results
 from lazy_torch import rng as _rng
 from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dynamo import compile_session
+from lazy_torch.guards import PLAIN, aliasing, describe, module_guards, state
 from lazy_torch.side_effects import Effects
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, extension, fresh
 
 CAPTURE_LIMIT = 64  # captures per compiled object; then it runs op by op for good
 _EAGER = "op by op"  # a guard set whose calls cannot be captured
+_SESSION = "in a compile session"  # a guard set whose next call captures in a compile session
+_NOT_NONE = functools.partial(operator.is_not, None)
 
 
 class _Slot:
@@ -256,6 +259,11 @@ class _Watch:
     def __exit__(self, *exc: object) -> None:
         _sync.capture = self.previous
 
+    @property
+    def synced(self) -> bool:
+        """Whether the call synced on a value (a mark_step aside)."""
+        return any(cause != "mark_step" for cause, _ in self.breaks)
+
     def broken(self) -> str | None:
         """Why the call cannot be replayed from IR, or None."""
         if self.breaks:
@@ -289,19 +297,40 @@ def _capture(
     owned: dict[int, LazyTensor],
     device: int,
     modules: list[torch.nn.Module],
-) -> tuple[Any, _Capture | str]:
-    """Run ``fn(*args, **kwargs)`` op by op, watched; its result, and the capture (or why there
-    is none). ``owned`` maps storage ids to the tensors owning them (parameters, buffers),
-    ``modules`` lists the submodules whose attributes the call may set (side_effects.py)."""
+    session: bool,
+) -> tuple[Any, _Capture | str, bool]:
+    """Run ``fn(*args, **kwargs)`` op by op, watched; its result, the capture (or why there is
+    none), and whether it synced. ``owned`` maps storage ids to the tensors owning them
+    (parameters, buffers), ``modules`` lists the submodules whose attributes the call may set
+    (side_effects.py).
+
+    With ``session``, the call runs in a compile session (``torch.compiler.is_compiling()``
+    True), where libraries take their traceable paths: transformers then builds its attention
+    mask instead of syncing on ``attention_mask.all()`` to see whether it may skip it. Only
+    after a call synced: the mask it builds makes attention slower (GPT-2 124M's inference on
+    an H200 took 6.2 ms instead of 4.2 in the device)."""
     flat_in, _ = pytree.tree_flatten((args, kwargs))
     tensors = [t for t in flat_in if isinstance(t, LazyTensor)]
     watch = _Watch(device)
     effects = Effects(modules)
-    with watch, compile_session():
+    with watch, compile_session() if session else contextlib.nullcontext():
         result = fn(*args, **kwargs)
     why = watch.broken()
     if why is not None:
-        return result, why
+        return result, why, watch.synced
+    result, capture = _captured(result, watch, effects, tensors, owned)
+    return result, capture, False
+
+
+def _captured(
+    result: Any,
+    watch: _Watch,
+    effects: Effects,
+    tensors: list[LazyTensor],
+    owned: dict[int, LazyTensor],
+) -> tuple[Any, _Capture | str]:
+    """The capture of a watched call that did not sync, or why there is none."""
+    device = watch.device
     capture = _Capture(device)
     capture.draws = watch.rng.draws
     try:
@@ -484,71 +513,7 @@ def _record_backward(
 
 
 # ----------------------------------------------------------------------------------------------
-# Guards and the public entry point.
-
-
-def _describe(v: Any, keep: list) -> Any:
-    """``v`` as a guard: type-exact (8 and 8.0, True and 1, 0.0 and -0.0 differ); a lazy tensor
-    by its layout, gradient flag, device, storage shape and view steps; any other object by its
-    identity, appended to ``keep`` (held with the capture, so no other object takes its id)."""
-    t = type(v)
-    if t is LazyTensor:
-        view = v._lazy
-        storage = view.storage
-        keep.append(view)  # and so its view steps
-        return (v._meta, v.requires_grad, storage.device, storage.node.shape, _ids(view.steps))
-    if t is float:
-        return (float, v.hex())
-    if v is None or t in (bool, int, str, torch.dtype, torch.device):
-        return (t, v)
-    keep.append(v)
-    return (t, id(v))
-
-
-def _aliasing(flat: list) -> tuple:
-    """For each lazy tensor argument, the position of the first one sharing its storage: a
-    capture reads a storage once, so calls whose arguments alias otherwise are other graphs."""
-    first: dict[int, int] = {}
-    return tuple(
-        [
-            first.setdefault(id(v._lazy.storage), k)
-            for k, v in enumerate(flat)
-            if type(v) is LazyTensor
-        ]
-    )
-
-
-def _ids(objects: Any) -> tuple:
-    return tuple(map(id, objects))
-
-
-_NOT_NONE = functools.partial(operator.is_not, None)
-_TRAINING = operator.attrgetter("training")
-_PLAIN = (int, float, bool, str, type(None))
-
-
-def _module_guards(tensor_dicts: list, modules: list, attributes: list) -> tuple:
-    """What csrc/guards.cpp's ``module_guards`` returns, where the extension is not built."""
-    tensors = []
-    for d in tensor_dicts:
-        for t in d.values():
-            if t is not None:
-                tensors += (id(t), id(t._lazy) if hasattr(t, "_lazy") else None, t.requires_grad)
-    values = []
-    for d, names in attributes:
-        for name in names:
-            v = d[name]
-            bits = struct.unpack("q", struct.pack("d", v))[0] if type(v) is float else v
-            values += (type(v), bits)
-    return tuple(map(_TRAINING, modules)), tuple(tensors), tuple(values)
-
-
-def _state() -> tuple:
-    return (
-        ("grad mode", torch.is_grad_enabled(), torch.is_inference_mode_enabled()),
-        ("autocast", amp.is_autocast_enabled(), amp.get_autocast_dtype()),
-        ("float32 matmul precision", torch.get_float32_matmul_precision()),
-    )
+# Guards (guards.py) and the public entry point.
 
 
 class _Compiled:
@@ -569,7 +534,7 @@ class _Compiled:
         # their values, so they are guards. One itemgetter per submodule, read in C.
         self.attributes = []
         for m in self.modules:
-            names = [k for k, v in m.__dict__.items() if type(v) in _PLAIN and k != "training"]
+            names = [k for k, v in m.__dict__.items() if type(v) in PLAIN and k != "training"]
             if names:
                 self.attributes.append((m.__dict__, tuple(names)))
         self.tensor_dicts = [d for m in self.modules for d in (m._parameters, m._buffers)]
@@ -596,7 +561,7 @@ class _Compiled:
         (``p.data = ...`` replaces it) and ``requires_grad``; the submodules' plain attributes,
         type-exact (1, 1.0 and True differ, floats by their bits). In C++ where the extension
         is built (csrc/guards.cpp: a few us for GPT-2's 149 tensors, 130 in Python)."""
-        read = extension.module_guards if extension is not None else _module_guards
+        read = extension.module_guards if extension is not None else module_guards
         try:
             training, tensors, values = read(self.tensor_dicts, self.modules, self.attributes)
         except KeyError:  # an attribute was deleted: read the module again
@@ -624,28 +589,31 @@ class _Compiled:
             return self._op_by_op(call, args, kwargs, "the module has hooks")
         flat, spec = pytree.tree_flatten((args, kwargs))
         keep: list = []
-        described = tuple([_describe(v, keep) for v in flat])
-        guards = (("arguments", spec, described, _aliasing(flat)), *_state())
+        described = tuple([describe(v, keep) for v in flat])
+        guards = (("arguments", spec, described, aliasing(flat)), *state())
         if module is not None:
             guards += self._module_guards()
         entry = self.captures.get(guards)
-        if entry is None:
-            if module is not None:
+        if entry is None or entry[0] is _SESSION:
+            if entry is not None:
+                keep = entry[1]  # held since the call that synced
+            elif module is not None:
                 self._keep_module(keep)
-            entry = self._capture(call, args, kwargs, guards, flat)
-            self.captures[guards] = (entry[1], keep)
+            result, capture = self._capture(call, args, kwargs, guards, flat, entry is not None)
+            self.captures[guards] = (capture, keep)
             self.last = guards
-            return entry[0]
+            return result
         self.last = guards  # a recapture names what changed since the previous call
         if entry[0] is _EAGER:
             return call(*args, **kwargs)
         return entry[0].replay([v for v in flat if type(v) is LazyTensor])
 
     def _capture(
-        self, call: Callable, args: tuple, kwargs: dict, guards: tuple, flat: list
+        self, call: Callable, args: tuple, kwargs: dict, guards: tuple, flat: list, session: bool
     ) -> tuple:
         """A call under new guards: its result, and what later calls with them replay (a
-        capture, or ``_EAGER``)."""
+        capture, ``_EAGER``, or ``_SESSION``: the call synced, and the next one is captured in
+        a compile session, ``session`` True)."""
         tensors = [v for v in flat if type(v) is LazyTensor]
         owned: dict[int, LazyTensor] = {}
         if self.module is not None:
@@ -670,7 +638,9 @@ class _Compiled:
             if runtime.config.DEBUG:
                 print(f"[lazy] {self._name()} captured again at {site}: {why} changed")
         modules = self.modules if self.module is not None else []
-        result, capture = _capture(call, args, kwargs, owned, devices[0], modules)
+        result, capture, synced = _capture(call, args, kwargs, owned, devices[0], modules, session)
+        if synced and not session:
+            return result, _SESSION
         if isinstance(capture, str):
             self._warn(capture, site)
             return result, _EAGER

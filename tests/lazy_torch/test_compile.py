@@ -256,13 +256,13 @@ def test_changing_a_submodule_attribute_recaptures():
 
 
 def test_module_guards_in_cpp_and_python_agree_and_see_each_change():
-    from lazy_torch import capture
+    from lazy_torch import guards
     from lazy_torch.tensor import extension
 
     model = lazy_torch.compile(DropNet().to("lazy"))
     model(torch.ones(64, 8).to("lazy"))
     compiled = model.__dict__["_lazy_compiled"]
-    readers = [capture._module_guards] + ([extension.module_guards] if extension else [])
+    readers = [guards.module_guards] + ([extension.module_guards] if extension else [])
 
     def read() -> tuple:
         got = [f(compiled.tensor_dicts, compiled.modules, compiled.attributes) for f in readers]
@@ -365,7 +365,7 @@ def test_a_call_that_syncs_runs_op_by_op_with_one_warning(how, cause, capsys):
         f"it syncs ({cause}) at {here(f'SYNC {how}')} (called at {call_site})"
     )
     assert f"{warning.filename}:{warning.lineno}" == call_site
-    assert counter("captures") == 1
+    assert counter("captures") == 2  # the second call tried again in a compile session
     capsys.readouterr()
 
 

@@ -232,6 +232,39 @@ class Outputs(nn.Module):
         return _model_output()(loss=y.square().mean(), logits=y)
 
 
+class Checked(nn.Module):
+    """Syncs on its argument where it is not compiling, as transformers' mask checks do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.compiling: list[bool] = []
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.compiling.append(torch.compiler.is_compiling())
+        if not torch.compiler.is_compiling() and bool(mask.all()):
+            return self.lin(x)
+        return self.lin(x) * mask[:, None]
+
+
+def test_a_call_that_syncs_is_captured_again_in_a_compile_session(recwarn):
+    # A capture runs the call as it is; only after a sync is the next one captured with
+    # torch.compiler.is_compiling() True, where the library takes its traceable path.
+    torch.manual_seed(0)
+    eager = Checked()
+    model = lazy_torch.compile(copy.deepcopy(eager).to("lazy"))
+    for k in range(4):
+        x, mask = torch.randn(2, 4), torch.tensor([1.0, float(k % 2)])
+        got = model(x.to("lazy"), mask.to("lazy"))
+        assert call_nodes(got) == (k >= 2)
+        assert_same(got, eager(x, mask))
+    assert model.compiling == [False, True]  # then replayed
+    assert compile_warnings(recwarn.list) == []
+    plain = lazy_torch.compile(Net().to("lazy"))
+    plain(torch.randn(4, 6).to("lazy"))
+    assert not torch.compiler.is_compiling()
+
+
 def _model_output() -> type:
     from transformers.modeling_outputs import SequenceClassifierOutput
 

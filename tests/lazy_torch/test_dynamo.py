@@ -242,8 +242,8 @@ def test_other_torch_versions_are_refused(monkeypatch):
 
 
 def test_compile_session_sets_what_is_compiling_reads():
-    # lazy_torch.compile's watched call runs inside compile_session(), so libraries take the
-    # traceable paths they take under torch.compile (transformers' attention-mask checks).
+    # lazy_torch.compile's watched call after one that synced runs inside compile_session(), so
+    # libraries take the traceable paths they take under torch.compile (transformers' masks).
     assert not torch.compiler.is_compiling()
     with lazy_dynamo.compile_session():
         assert torch.compiler.is_compiling()

@@ -1,0 +1,78 @@
+"""The guards of ``lazy_torch.compile`` (capture.py): what a call must share with the one that was
+captured for a replay to compute what the call would. Each is type-exact (8 and 8.0, True and 1,
+0.0 and -0.0 differ) and holds objects by identity only while they are kept alive (``keep``), so
+no other object takes their ids."""
+
+from __future__ import annotations
+
+import operator
+import struct
+from typing import Any
+
+import torch
+
+from lazy_torch import amp
+from lazy_torch.tensor import LazyTensor
+
+PLAIN = (int, float, bool, str, type(None))
+_TRAINING = operator.attrgetter("training")
+
+
+def describe(v: Any, keep: list) -> Any:
+    """``v`` as a guard: type-exact (8 and 8.0, True and 1, 0.0 and -0.0 differ); a lazy tensor
+    by its layout, gradient flag, device, storage shape and view steps; any other object by its
+    identity, appended to ``keep`` (held with the capture, so no other object takes its id)."""
+    t = type(v)
+    if t is LazyTensor:
+        view = v._lazy
+        storage = view.storage
+        keep.append(view)  # and so its view steps
+        return (v._meta, v.requires_grad, storage.device, storage.node.shape, _ids(view.steps))
+    if t is float:
+        return (float, v.hex())
+    if v is None or t in (bool, int, str, torch.dtype, torch.device):
+        return (t, v)
+    keep.append(v)
+    return (t, id(v))
+
+
+def aliasing(flat: list) -> tuple:
+    """For each lazy tensor argument, the position of the first one sharing its storage: a
+    capture reads a storage once, so calls whose arguments alias otherwise are other graphs."""
+    first: dict[int, int] = {}
+    return tuple(
+        [
+            first.setdefault(id(v._lazy.storage), k)
+            for k, v in enumerate(flat)
+            if type(v) is LazyTensor
+        ]
+    )
+
+
+def _ids(objects: Any) -> tuple:
+    return tuple(map(id, objects))
+
+
+def module_guards(tensor_dicts: list, modules: list, attributes: list) -> tuple:
+    """What csrc/guards.cpp's ``module_guards`` returns, where the extension is not built."""
+    tensors = []
+    for d in tensor_dicts:
+        for t in d.values():
+            if t is not None:
+                tensors += (id(t), id(t._lazy) if hasattr(t, "_lazy") else None, t.requires_grad)
+    values = []
+    for d, names in attributes:
+        for name in names:
+            v = d[name]
+            bits = struct.unpack("q", struct.pack("d", v))[0] if type(v) is float else v
+            values += (type(v), bits)
+    return tuple(map(_TRAINING, modules)), tuple(tensors), tuple(values)
+
+
+def state() -> tuple:
+    """Grad mode, autocast and the float32 matmul precision, with their names."""
+    return (
+        ("grad mode", torch.is_grad_enabled(), torch.is_inference_mode_enabled()),
+        ("autocast", amp.is_autocast_enabled(), amp.get_autocast_dtype()),
+        ("float32 matmul precision", torch.get_float32_matmul_precision()),
+    )
