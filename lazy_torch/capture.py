@@ -11,8 +11,13 @@ registered graph, so a step is still one program per ``mark_step`` with the loss
 optimizer. Activations the backward reads are outputs of the forward node, read through
 ``getitem`` nodes, never wrapped as tensors.
 
-A call that syncs (``.item()``, a CPU fallback, a data-dependent shape) is not pure IR: its guards
-run op by op for good, with one warning naming the cause and the user's line.
+What the call leaves besides its result is replayed too (side_effects.py: tensors it stores on
+its submodules), and its result is rebuilt around each replay's outputs (results.py); a call
+whose effects a replay cannot redo runs op by op. A call that syncs (``.item()``, a CPU
+fallback, a data-dependent shape) is not pure IR: the next call under its guards is watched once
+more in a compile session (``torch.compiler.is_compiling()`` True, where libraries skip such
+checks), and if that one syncs too, its guards run op by op for good, with one warning naming
+the cause and the user's line.
 """
 
 from __future__ import annotations
@@ -692,8 +697,9 @@ def compile(fn: Any) -> Any:
     change: the arguments' shapes, dtypes, strides and ``requires_grad``, the parameters and
     buffers (identity and layout), ``training``, grad mode, autocast and the float32 matmul
     precision (``lazy_torch.metrics.counters()``: ``captures``, ``recaptures``). Learning
-    rates, optimizer state and dropout's random draws never do. A call that syncs runs op by op,
-    with one warning.
+    rates, optimizer state and dropout's random draws never do. Tensors the call stores on its
+    submodules are set again by each replay. A call that syncs, or keeps a tensor elsewhere,
+    runs op by op, with one warning.
 
     >>> import torch, lazy_torch
     >>> model = lazy_torch.compile(torch.nn.Linear(4, 2).to("lazy"))
