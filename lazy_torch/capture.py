@@ -44,7 +44,7 @@ from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dynamo import compile_session
 from lazy_torch.guards import PLAIN, aliasing, describe, module_guards, state
-from lazy_torch.side_effects import Effects
+from lazy_torch.side_effects import Effects, HostState
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, extension, fresh
 
@@ -318,11 +318,14 @@ def _capture(
     tensors = [t for t in flat_in if isinstance(t, LazyTensor)]
     watch = _Watch(device)
     effects = Effects(modules)
-    with watch, compile_session() if session else contextlib.nullcontext():
+    host = HostState()
+    with watch, host, compile_session() if session else contextlib.nullcontext():
         result = fn(*args, **kwargs)
     why = watch.broken()
     if why is not None:
         return result, why, watch.synced
+    if host.why is not None:
+        return result, host.why, False
     result, capture = _captured(result, watch, effects, tensors, owned)
     return result, capture, False
 

@@ -13,7 +13,10 @@ So each effect of the call beyond its result is one a replay redoes, or the call
 - changed plain attributes of the submodules (``self.calls += 1``): refused, a replay would not
   count;
 - tensors the call made and kept anywhere else (appended to a list, stored in a global or on an
-  object that is not a submodule): refused, a replay would leave the first call's value there.
+  object that is not a submodule): refused, a replay would leave the first call's value there;
+- host tensors that existed before the call, read or written (Adam's CPU step counts), and an
+  optimizer's step (learning rates are Python numbers): refused (``HostState``), a replay would
+  keep the values of the capture.
 
 Tensors autograd saved for the backward are not kept by the call (they go with its graph): they
 are found on the graph's nodes (``grad_fn._saved_*``). Python state that holds no
@@ -24,9 +27,13 @@ submodules' plain attributes read by the call, it is taken as it was at the capt
 from __future__ import annotations
 
 import gc
+import weakref
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lazy_core import live_storages
 from lazy_torch.tensor import LazyTensor, extension
@@ -123,3 +130,74 @@ def _saved_by_autograd(outputs: list[LazyTensor]) -> dict[int, Any]:
                         found[id(storage)] = storage
         stack.extend(f for f, _ in fn.next_functions if f is not None)
     return found
+
+
+# Ops whose tensor argument is made for them (torch.tensor's data), not read from outside.
+_FRESH = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+
+
+class HostState:
+    """Watches one call (a context manager around it) for state a replay would not touch: a
+    tensor off the lazy device that existed before the call, read or written by an op (Adam's
+    CPU step counts, whose values become the bias corrections baked into the graph; a CPU
+    counter), and an optimizer's step (its learning rate and other hyperparameters are Python
+    numbers read from its param groups, baked into the graph too). ``why`` says which, or is
+    None.
+
+    Host tensors the call makes itself (``torch.tensor(...)``, a CPU copy it computes) are the
+    same at every call under its guards, as any other value made inside."""
+
+    def __init__(self) -> None:
+        self.why: str | None = None
+        self._mode = _HostOps(self)
+        self._hook: Any = None
+
+    def __enter__(self) -> HostState:  # noqa: PYI034
+        self._hook = register_optimizer_step_pre_hook(self._stepped)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(*exc)
+        self._hook.remove()
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.why is None:
+            self.why = (
+                f"it steps an optimizer ({type(optimizer).__name__}), whose learning rate and "
+                "step counts a replay would not read again; compile the model or its loss and "
+                "step outside"
+            )
+
+
+class _HostOps(TorchDispatchMode):
+    """Sees every op of the call: its host tensors that did not come from an op of the call."""
+
+    def __init__(self, state: HostState) -> None:
+        super().__init__()
+        self.state = state
+        self.made: dict[int, weakref.ref] = {}  # id -> a host tensor an op of the call made
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        if self.state.why is None and func not in _FRESH:
+            for t in _host_tensors((args, kwargs)):
+                ref = self.made.get(id(t))
+                if ref is None or ref() is not t:
+                    self.state.why = (
+                        f"its {func} reads or writes a {t.device.type} tensor of shape "
+                        f"{tuple(t.shape)} that existed before it, which a replay would not"
+                    )
+                    break
+        out = func(*args, **kwargs)
+        for t in _host_tensors(out):
+            self.made[id(t)] = weakref.ref(t)
+        return out
+
+
+def _host_tensors(tree: Any) -> list[torch.Tensor]:
+    return [
+        t
+        for t in pytree.tree_leaves(tree)
+        if isinstance(t, torch.Tensor) and type(t) is not LazyTensor and t.device.type != "meta"
+    ]
