@@ -71,10 +71,23 @@ def _flatten(result: Any, depth: int) -> tuple[list[torch.Tensor], tuple, str | 
             entries.append((_VALUE, v))
         elif why is not None:
             problem = problem or why
+        elif not _makeable(type(v)):
+            problem = problem or type(v).__qualname__
         else:
             entries.append((_OBJECT, type(v), recipe, len(tensors), len(inner)))
             tensors += inner
     return tensors, (spec, tuple(entries)), problem
+
+
+def _makeable(cls: type) -> bool:
+    """Whether ``cls.__new__(cls)`` makes an instance whose ``__dict__`` takes attributes (a
+    class whose ``__new__`` needs arguments cannot be rebuilt)."""
+    try:
+        obj = cls.__new__(cls)
+        obj.__dict__.update({})
+    except Exception:  # noqa: BLE001 (any failure means: not rebuildable)
+        return False
+    return True
 
 
 def unflatten(recipe: tuple, tensors: list[torch.Tensor]) -> Any:

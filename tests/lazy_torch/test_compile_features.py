@@ -287,6 +287,13 @@ class Slotted:
         self.value = value
 
 
+class NeedsArguments:
+    def __new__(cls, value: torch.Tensor) -> NeedsArguments:  # noqa: PYI034
+        obj = super().__new__(cls)
+        obj.value = value
+        return obj
+
+
 def test_an_object_result_is_rebuilt_by_every_replay(recwarn):
     # Returned as the capture found it, it would hold the first call's tensors at every replay.
     model = nn.Linear(4, 3)
@@ -308,10 +315,11 @@ def test_an_object_result_is_rebuilt_by_every_replay(recwarn):
     assert compile_warnings(recwarn.list) == []
 
 
-def test_a_result_out_of_sight_runs_op_by_op():
+@pytest.mark.parametrize("kind", [Slotted, NeedsArguments])
+def test_a_result_out_of_sight_runs_op_by_op(kind):
     lazy_model = nn.Linear(4, 3).to("lazy")
-    fn = lazy_torch.compile(lambda x: Slotted(lazy_model(x)))
-    with pytest.warns(UserWarning, match=r"returns a Slotted object, which a replay cannot"):
+    fn = lazy_torch.compile(lambda x: kind(lazy_model(x)))
+    with pytest.warns(UserWarning, match=rf"returns a {kind.__name__} object, which a replay"):
         fn(torch.ones(2, 4, device="lazy"))
     for k in range(3):
         x = torch.full((2, 4), float(k))
