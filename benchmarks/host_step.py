@@ -1,7 +1,7 @@
 """Host time of a training step with the structure of a large model and tiny tensors.
 
 PYTHONPATH=. python benchmarks/host_step.py [--layers 12] [--steps 40] [--amp] [--gc-freeze]
-    [--eager cpu|cuda] [--torch-wrapper]
+    [--eager cpu|cuda] [--torch-wrapper] [--compile]
 
 GPT-2 (transformers) with ``--layers`` blocks of width 48, AdamW, batch 1 x 64 on device='lazy':
 the device work is negligible, so a step's time is the host's (tracing plus mark_step). Prints
@@ -17,6 +17,10 @@ on a Python tensor subclass goes through PyTorch's Python key and makes a new te
 ``--torch-wrapper`` also runs lazy's step with lazy tensors' wrappers made by PyTorch's
 ``_make_wrapper_subclass`` instead of ``lazy_torch/csrc/wrapper.cpp``, alternating blocks of five
 steps in the same process, and prints the ratio of the two medians.
+``--compile`` also runs lazy's step with the model under ``lazy_torch.compile`` (its forward and
+backward one node each), alternating blocks of five steps in the same process. Every lazy step
+prints its median host time per phase: ``zero_grad``, the forward and loss, ``backward``, the
+optimizer's step and ``mark_step``.
 """
 
 from __future__ import annotations
@@ -48,8 +52,16 @@ class _CollectorTime:
             self.collections[info["generation"]] += 1
 
 
-def _model_step(device: str, amp: bool, layers: int) -> Callable[[], None]:
-    """A training step of the tiny-tensor GPT-2 on ``device`` (lazy: with its mark_step)."""
+PHASES = ("zero_grad", "forward", "backward", "optimizer", "mark_step")
+COMPILED = "lazy, compiled"
+
+
+def _model_step(
+    device: str, amp: bool, layers: int, compiled: bool = False, phases: dict | None = None
+) -> Callable[[], None]:
+    """A training step of the tiny-tensor GPT-2 on ``device`` (lazy: with its mark_step; its
+    model under lazy_torch.compile if ``compiled``), appending each phase's host seconds to
+    ``phases`` (by name) if given."""
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -59,6 +71,8 @@ def _model_step(device: str, amp: bool, layers: int) -> Callable[[], None]:
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).to(device)
+    if compiled:
+        lazy_torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 512, (1, 64)).to(device)
     lazy = device == "lazy"
@@ -70,13 +84,22 @@ def _model_step(device: str, amp: bool, layers: int) -> Callable[[], None]:
         autocast = lambda: torch.autocast(device, dtype=torch.bfloat16)
 
     def step() -> None:
+        marks = [time.perf_counter()]
         opt.zero_grad(set_to_none=True)
+        marks.append(time.perf_counter())
         with autocast():
             loss = model(input_ids=ids, labels=ids).loss
+        marks.append(time.perf_counter())
         loss.backward()
+        marks.append(time.perf_counter())
         opt.step()
+        marks.append(time.perf_counter())
         if lazy:
             lazy_torch.mark_step()
+        marks.append(time.perf_counter())
+        if phases is not None:
+            for name, start, end in zip(PHASES, marks, marks[1:]):
+                phases.setdefault(name, []).append(end - start)
 
     return step
 
@@ -141,17 +164,27 @@ def main() -> None:
         action="store_true",
         help="also run lazy's step with PyTorch's wrapper function, alternating blocks",
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="also run lazy's step under lazy_torch.compile"
+    )
     args = parser.parse_args()
     devices = ["lazy"] + ([args.eager] if args.eager else [])
-    steps = {d: _model_step(d, args.amp, args.layers) for d in devices}
+    phases: dict[str, dict[str, list[float]]] = {"lazy": {}}
+    steps = {d: _model_step(d, args.amp, args.layers, phases=phases.get(d)) for d in devices}
     if args.torch_wrapper:
         steps[TORCH_WRAPPER] = _with_torch_wrapper(steps["lazy"])
         devices.append(TORCH_WRAPPER)
+    if args.compile:
+        phases[COMPILED] = {}
+        steps[COMPILED] = _model_step("lazy", args.amp, args.layers, True, phases[COMPILED])
+        devices.append(COMPILED)
     for device, step in steps.items():
         for _ in range(5):
             step()
             _wait(device)
     ops = {d: _ops(step, d) for d, step in steps.items()}
+    for recorded in phases.values():
+        recorded.clear()  # the warm-up's
     if args.gc_freeze:
         gc.freeze()
     collector = _CollectorTime()
@@ -189,6 +222,12 @@ def main() -> None:
     if args.torch_wrapper:
         ratio = statistics.median(times["lazy"]) / statistics.median(times[TORCH_WRAPPER])
         print(f"lazy / lazy with PyTorch's wrapper function: {ratio:.3f}")
+    for device, recorded in phases.items():
+        if recorded:
+            cells = ", ".join(
+                f"{name} {statistics.median(recorded[name]) * 1e3:.2f}" for name in PHASES
+            )
+            print(f"{device:19s} median ms per phase: {cells}")
 
 
 if __name__ == "__main__":
