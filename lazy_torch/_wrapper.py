@@ -44,7 +44,8 @@ import torch
 import runtime
 
 _SOURCES = [
-    Path(__file__).with_name("csrc") / name for name in ("wrapper.cpp", "linear.cpp", "steps.cpp", "guards.cpp")
+    Path(__file__).with_name("csrc") / name
+    for name in ("wrapper.cpp", "linear.cpp", "steps.cpp", "guards.cpp")
 ]
 _NAME = "lazy_torch_wrapper"  # the module name its PyInit_ function is named after
 

@@ -44,7 +44,7 @@ from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dynamo import compile_session
 from lazy_torch.guards import PLAIN, aliasing, describe, module_guards, state
-from lazy_torch.side_effects import Effects, HostState
+from lazy_torch.side_effects import Effects, HostState, grad_fns
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, extension, fresh
 
@@ -452,17 +452,10 @@ def _grad_leaves(outs: list[LazyTensor], tensors: list[LazyTensor]) -> list[Lazy
     stop = {t.grad_fn for t in tensors if t.grad_fn is not None}
     arguments = {id(t) for t in tensors}
     found: dict[int, LazyTensor] = {}
-    seen: set = set()
-    stack = [t.grad_fn for t in outs if t.grad_fn is not None]
-    while stack:
-        fn = stack.pop()
-        if fn in seen or fn in stop:
-            continue
-        seen.add(fn)
+    for fn in grad_fns(outs, stop):
         variable = getattr(fn, "variable", None)
         if isinstance(variable, LazyTensor) and id(variable) not in arguments:
             found.setdefault(id(variable), variable)
-        stack.extend(f for f, _ in fn.next_functions if f is not None)
     return list(found.values())
 
 

@@ -206,10 +206,10 @@ def install() -> None:
 def compile_session() -> Iterator[None]:
     """``torch.compiler.is_compiling()`` is True inside, as in a compile session of PyTorch's own.
 
-    ``lazy_torch.compile``'s watched call is such a session: a trace whose Python never runs
-    again. Libraries take their traceable paths there: transformers builds the attention mask
-    instead of asking ``attention_mask.all()`` whether it may skip it, a sync that kept every
-    model given an attention mask from being captured. It sets ``torch.compiler``'s
+    ``lazy_torch.compile`` watches a call in one after the previous call under the same guards
+    synced: a trace whose Python never runs again. Libraries take their traceable paths there:
+    transformers builds the attention mask instead of asking ``attention_mask.all()`` whether
+    it may skip it, a sync that kept every model given an attention mask from being captured. It sets ``torch.compiler``'s
     ``_is_compiling_flag``, which ``is_compiling()`` returns outside TorchScript (torch 2.11 and
     2.13; tests/lazy_torch/test_dynamo.py checks that it still does)."""
     compiler = torch.compiler

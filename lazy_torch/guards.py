@@ -53,6 +53,12 @@ def _ids(objects: Any) -> tuple:
     return tuple(map(id, objects))
 
 
+def plain_value(v: Any) -> tuple:
+    """A plain attribute's value, type-exact: its type, and a float by its bits (0.0 and -0.0
+    differ, a nan equals itself), as csrc/guards.cpp reads it."""
+    return type(v), struct.unpack("q", struct.pack("d", v))[0] if type(v) is float else v
+
+
 def module_guards(tensor_dicts: list, modules: list, attributes: list) -> tuple:
     """What csrc/guards.cpp's ``module_guards`` returns, where the extension is not built."""
     tensors = []
@@ -60,12 +66,7 @@ def module_guards(tensor_dicts: list, modules: list, attributes: list) -> tuple:
         for t in d.values():
             if t is not None:
                 tensors += (id(t), id(t._lazy) if hasattr(t, "_lazy") else None, t.requires_grad)
-    values = []
-    for d, names in attributes:
-        for name in names:
-            v = d[name]
-            bits = struct.unpack("q", struct.pack("d", v))[0] if type(v) is float else v
-            values += (type(v), bits)
+    values = [x for d, names in attributes for name in names for x in plain_value(d[name])]
     return tuple(map(_TRAINING, modules)), tuple(tensors), tuple(values)
 
 

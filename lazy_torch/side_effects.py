@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -36,21 +37,13 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lazy_core import live_storages
+from lazy_torch.guards import PLAIN, plain_value
 from lazy_torch.tensor import LazyTensor, extension
-
-_PLAIN = (int, float, bool, str, type(None))
 
 
 def plain_attributes(modules: list[torch.nn.Module]) -> list[dict[str, tuple]]:
     """Each submodule's plain attributes, type-exact (1, 1.0 and True differ)."""
-    return [
-        {
-            k: (type(v), v.hex() if type(v) is float else v)
-            for k, v in m.__dict__.items()
-            if type(v) in _PLAIN
-        }
-        for m in modules
-    ]
+    return [{k: plain_value(v) for k, v in m.__dict__.items() if type(v) in PLAIN} for m in modules]
 
 
 class Effects:
@@ -66,13 +59,13 @@ class Effects:
         tensor) triples, or why the call cannot be replayed. ``known`` holds the ids of the
         storages alive before the call (held by the caller), ``result`` the tensors it returned."""
         returned = {id(t) for t in result}
-        results = {id(t._lazy.storage) for t in result}
+        returned_storages = {id(t._lazy.storage) for t in result}
         writes = []
         for m in self.modules:
             for name, v in (*m.__dict__.items(), *m._buffers.items()):
                 if type(v) is not LazyTensor or id(v._lazy.storage) in known:
                     continue
-                if id(v._lazy.storage) in results and id(v) not in returned:
+                if id(v._lazy.storage) in returned_storages and id(v) not in returned:
                     where = f"{type(m).__name__}.{name}"
                     return [], f"it stores as {where} a tensor sharing memory with its result"
                 writes.append((m, name, v))
@@ -106,13 +99,7 @@ def _saved_by_autograd(outputs: list[LazyTensor]) -> dict[int, Any]:
     backward (``grad_fn._saved_*``, and a custom Function's ``saved_tensors`` and context
     attributes), by id."""
     found: dict[int, Any] = {}
-    seen: set = set()
-    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
-    while stack:
-        fn = stack.pop()
-        if fn in seen:
-            continue
-        seen.add(fn)
+    for fn in grad_fns(outputs):
         values: list = [getattr(fn, "__dict__", {}).values()]
         if extension is not None:  # linear.py's C++ node
             values.append([extension.linear_saved(fn)])
@@ -128,8 +115,20 @@ def _saved_by_autograd(outputs: list[LazyTensor]) -> dict[int, Any]:
                     if type(t) is LazyTensor:
                         storage = t._lazy.storage
                         found[id(storage)] = storage
-        stack.extend(f for f, _ in fn.next_functions if f is not None)
     return found
+
+
+def grad_fns(tensors: list[torch.Tensor], stop: Iterable = ()) -> Iterator[Any]:
+    """Each node of the autograd graph of ``tensors`` once, not going past the nodes ``stop``."""
+    seen = set(stop)
+    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        yield fn
+        stack.extend(f for f, _ in fn.next_functions if f is not None)
 
 
 # Ops whose tensor argument is made for them (torch.tensor's data), not read from outside.
