@@ -1,7 +1,7 @@
 """Host time of a training step with the structure of a large model and tiny tensors.
 
 PYTHONPATH=. python benchmarks/host_step.py [--layers 12] [--steps 40] [--amp] [--gc-freeze]
-    [--eager cpu|cuda] [--torch-wrapper] [--compile]
+    [--eager cpu|cuda] [--torch-wrapper] [--compile] [--compile-step]
 
 GPT-2 (transformers) with ``--layers`` blocks of width 48, AdamW, batch 1 x 64 on device='lazy':
 the device work is negligible, so a step's time is the host's (tracing plus mark_step). Prints
@@ -21,6 +21,8 @@ steps in the same process, and prints the ratio of the two medians.
 backward one node each), alternating blocks of five steps in the same process. Every lazy step
 prints its median host time per phase: ``zero_grad``, the forward and loss, ``backward``, the
 optimizer's step and ``mark_step``.
+``--compile-step`` also runs the whole step (``zero_grad``, forward and loss, ``backward``,
+``opt.step()``) as one function under ``lazy_torch.compile``, its phases ``step`` and ``mark_step``.
 """
 
 from __future__ import annotations
@@ -54,14 +56,20 @@ class _CollectorTime:
 
 PHASES = ("zero_grad", "forward", "backward", "optimizer", "mark_step")
 COMPILED = "lazy, compiled"
+COMPILED_STEP = "lazy, whole step"
 
 
 def _model_step(
-    device: str, amp: bool, layers: int, compiled: bool = False, phases: dict | None = None
+    device: str,
+    amp: bool,
+    layers: int,
+    compiled: bool = False,
+    phases: dict | None = None,
+    whole: bool = False,
 ) -> Callable[[], None]:
     """A training step of the tiny-tensor GPT-2 on ``device`` (lazy: with its mark_step; its
-    model under lazy_torch.compile if ``compiled``), appending each phase's host seconds to
-    ``phases`` (by name) if given."""
+    model under lazy_torch.compile if ``compiled``, the whole step before mark_step if
+    ``whole``), appending each phase's host seconds to ``phases`` (by name) if given."""
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -82,6 +90,27 @@ def _model_step(
         autocast = lambda: lazy_torch.amp.autocast(dtype=torch.bfloat16)
     else:
         autocast = lambda: torch.autocast(device, dtype=torch.bfloat16)
+
+    def train() -> None:
+        opt.zero_grad(set_to_none=True)
+        with autocast():
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+
+    if whole:
+        compiled_step = lazy_torch.compile(train)
+
+        def step() -> None:
+            start = time.perf_counter()
+            compiled_step()
+            middle = time.perf_counter()
+            lazy_torch.mark_step()
+            if phases is not None:
+                phases.setdefault("step", []).append(middle - start)
+                phases.setdefault("mark_step", []).append(time.perf_counter() - middle)
+
+        return step
 
     def step() -> None:
         marks = [time.perf_counter()]
@@ -167,6 +196,11 @@ def main() -> None:
     parser.add_argument(
         "--compile", action="store_true", help="also run lazy's step under lazy_torch.compile"
     )
+    parser.add_argument(
+        "--compile-step",
+        action="store_true",
+        help="also run lazy's whole step as one function under lazy_torch.compile",
+    )
     args = parser.parse_args()
     devices = ["lazy"] + ([args.eager] if args.eager else [])
     phases: dict[str, dict[str, list[float]]] = {"lazy": {}}
@@ -178,6 +212,12 @@ def main() -> None:
         phases[COMPILED] = {}
         steps[COMPILED] = _model_step("lazy", args.amp, args.layers, True, phases[COMPILED])
         devices.append(COMPILED)
+    if args.compile_step:
+        phases[COMPILED_STEP] = {}
+        steps[COMPILED_STEP] = _model_step(
+            "lazy", args.amp, args.layers, phases=phases[COMPILED_STEP], whole=True
+        )
+        devices.append(COMPILED_STEP)
     for device, step in steps.items():
         for _ in range(5):
             step()
@@ -225,7 +265,7 @@ def main() -> None:
     for device, recorded in phases.items():
         if recorded:
             cells = ", ".join(
-                f"{name} {statistics.median(recorded[name]) * 1e3:.2f}" for name in PHASES
+                f"{name} {statistics.median(recorded[name]) * 1e3:.2f}" for name in recorded
             )
             print(f"{device:19s} median ms per phase: {cells}")
 

@@ -1,7 +1,8 @@
 """Workload suite: eager PyTorch vs device='lazy' (vs torch.compile on cuda) vs pure-JAX ceilings.
 
 PYTHONPATH=. python benchmarks/suite.py [--steps 20] [--warmup 3] [--device cpu|cuda]
-    [--size small|gpt2-124m] [--amp bf16] [--backends eager,lazy,lazy+compile,lazy+dynamo,jax]
+    [--size small|gpt2-124m] [--amp bf16]
+    [--backends eager,lazy,lazy+compile,lazy+step,lazy+dynamo,jax]
     [--json benchmarks/results/NAME.json] [mlp cnn gpt2 bert]
 
 Every workload runs a training step and an inference step (``model.eval()``, ``torch.no_grad()``)
@@ -19,7 +20,9 @@ shows the last): the PyTorch backends start from the same weights and batch, so 
 agree (JAX's models draw weights of their own).
 
 ``lazy+compile`` and ``lazy+dynamo`` are the lazy backend with the model, once on 'lazy', wrapped
-by ``lazy_torch.compile`` or ``torch.compile(model, backend="lazy")``; everything below measured
+by ``lazy_torch.compile`` or ``torch.compile(model, backend="lazy")``, and ``lazy+step`` the lazy
+backend with the whole step (``zero_grad``, forward and loss, ``backward``, ``opt.step()``; the
+inference step) as one function under ``lazy_torch.compile``; everything below measured
 for lazy is measured for them too (their rows also count ``captures``, which must stay 0 after
 warm-up). A backend that raises (``torch.compile`` before the backend "lazy" is registered)
 gets its error as its row.
@@ -194,6 +197,7 @@ def _lazy_finish(out: Any) -> None:
 LAZY_WRAPPERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "lazy": lambda model: model,
     "lazy+compile": lazy_torch.compile,
+    "lazy+step": lambda model: model,  # its whole step under lazy_torch.compile (_torch_backend)
     # Raises InvalidBackend, which becomes the row's error, while no backend "lazy" is registered.
     "lazy+dynamo": functools.partial(torch.compile, backend="lazy"),
 }
@@ -242,6 +246,8 @@ def _torch_backend(backend: str, wl: Workload, mode: str, args: argparse.Namespa
             with torch.no_grad(), autocast():
                 return infer_fn(batch)
 
+    if backend == "lazy+step":
+        return lazy_torch.compile(step), _lazy_finish
     if backend in LAZY_WRAPPERS:
         return step, _lazy_finish
     if args.device == "cuda":

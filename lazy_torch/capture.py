@@ -38,13 +38,14 @@ import runtime
 from lazy_core import Node, cut_graph, data_leaf, digest, getitem, live_storages
 from lazy_core.ir import GETITEM
 from lazy_core.rebase import substituted
-from lazy_torch import results
+from lazy_torch import results, step_state
 from lazy_torch import rng as _rng
 from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dynamo import compile_session
 from lazy_torch.guards import PLAIN, aliasing, describe, module_guards, state
 from lazy_torch.side_effects import Effects, HostState, grad_fns
+from lazy_torch.step_state import PARAM
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, extension, fresh
 
@@ -67,7 +68,9 @@ def _placeholder(node: Node) -> Node:
 # How a call node gets each operand (``_Region.reads``): forward nodes read a tensor argument's
 # storage, a parameter's or buffer's, another storage, the RNG state or a fixed leaf; backward
 # nodes an operand of the forward node, one of its outputs, an incoming gradient or a fixed leaf.
-_ARG, _TENSOR, _STORAGE, _RNG, _FIXED, _OPERAND, _OUTPUT, _TANGENT = range(8)
+# A compiled step's forward node also reads a tensor through a path (step_state.py: a parameter,
+# its gradient, an optimizer's state) and a graph scalar each replay reads from host state.
+_ARG, _TENSOR, _STORAGE, _RNG, _FIXED, _OPERAND, _OUTPUT, _TANGENT, _PATH, _HOST = range(10)
 
 
 class _Region:
@@ -79,7 +82,9 @@ class _Region:
     of tensor ``t``: a parameter, a buffer), ``("storage", s)`` (storage ``s``, another tensor the
     function reads), ``("rng",)`` (the device RNG state past the draws so far), ``("node", n)`` (a
     leaf of its own: a Python number, a tensor made inside), ``("saved", k)`` (activation ``k`` of
-    the forward node) or ``("tangent", k)`` (the gradient of differentiable output ``k``)."""
+    the forward node), ``("tangent", k)`` (the gradient of differentiable output ``k``),
+    ``("path", path)`` (the tensor a step_state path names) or ``("host", k)`` (graph scalar ``k``
+    of a compiled step's host reads)."""
 
     __slots__ = ("dtypes", "key", "reads", "roles", "shapes")
 
@@ -92,8 +97,15 @@ class _Region:
         self.roles = tuple(roles.get(id(p), ("node", p)) for p in graph.params)
         self.dtypes = tuple(r.dtype for r in roots)
         self.shapes = tuple(r.shape for r in roots)
-        kinds = {"arg": _ARG, "tensor": _TENSOR, "storage": _STORAGE, "rng": _RNG, "node": _FIXED}
-        self.reads = tuple((kinds.get(r[0]), r[1] if len(r) > 1 else None) for r in self.roles)
+        kinds = {
+            "arg": _ARG, "tensor": _TENSOR, "storage": _STORAGE, "rng": _RNG, "node": _FIXED,
+            "path": _PATH, "host": _HOST,
+        }  # fmt: skip
+        self.reads = tuple(
+            (_PATH, (r[1], p.dtype, p.shape)) if r[0] == "path" else
+            (kinds.get(r[0]), r[1] if len(r) > 1 else None)
+            for r, p in zip(self.roles, graph.params)
+        )  # fmt: skip
 
     def node(self, operands: list[Node]) -> Node:
         return Node(runtime.CALL, tuple(operands), self.key, self.dtypes, self.shapes)
@@ -105,6 +117,8 @@ def _storage_of(role: tuple, tensors: list) -> Any:
         return tensors[role[1]]._lazy.storage
     if kind == "tensor":
         return role[1]._lazy.storage
+    if kind == "path":
+        return step_state.resolve(role[1])._lazy.storage
     return role[1]
 
 
@@ -118,12 +132,15 @@ class _Capture:
         self.out_spec: Any = None  # how the result is rebuilt around the outputs (results.py)
         self.outputs: list[tuple[int | None, tuple]] = []  # (position in the result, Meta)
         self.mutated: list[tuple] = []  # the role of each storage the forward writes
+        self.mutated_at: list[int | None] = []  # per mutated path: its place in ``storages``
+        self.written: list[tuple] = []  # (path, dtype, shape) per path written and not read
         self.writes: list[tuple] = []  # (submodule, name, output) per tensor attribute it sets
         self.draws = 0  # random draws the forward makes
         self.diff_outputs: list[int] = []  # tensor outputs whose gradients the backward takes
         self.diff_inputs: list[tuple] = []  # ("arg", k) or ("tensor", t) per gradient it gives
         self.grads: list[int | None] = []  # per diff input: its output of the backward node
         self.grad_metas: list[tuple | None] = []  # per diff input: (output, Meta) or None
+        self.step: step_state.Replay | None = None  # a compiled step's host reads and grads
 
     def link(self) -> str | None:
         """Say how the backward node reads each operand (in terms of the forward node), and the
@@ -154,14 +171,18 @@ class _Capture:
         return None
 
     def replay(self, tensors: list[LazyTensor]) -> Any:
-        """The outputs of a call whose tensor arguments are ``tensors`` (flat)."""
-        rng_node = None
-        if self.draws:
-            state = _rng._rng(self.device)
-            rng_node = state.moved(_rng._SKIP)
-            state.draws += self.draws
-        operands = []
-        for kind, what in self.forward.reads:
+        """The outputs of a call whose tensor arguments are ``tensors`` (flat), or a ``Miss``
+        (before any effect) where a compiled step's paths or host reads differ from the
+        capture's."""
+        step = self.step
+        if step is not None:
+            why = step.check()
+            if why is not None:
+                return Miss(why)
+        operands: list[Any] = []
+        storages: list[Any] = []  # per path read: the storage it names, written back below
+        reads = self.forward.reads
+        for kind, what in reads:
             if kind == _TENSOR:
                 operands.append(what._lazy.storage.node)
             elif kind == _FIXED:
@@ -170,8 +191,35 @@ class _Capture:
                 operands.append(tensors[what]._lazy.storage.node)
             elif kind == _STORAGE:
                 operands.append(what.node)
+            elif kind == _PATH:
+                storage = _path_storage(*what)
+                if storage is None:
+                    return Miss(f"the {step_state.describe(what[0])}")
+                storages.append(storage)
+                operands.append(storage.node)
+            elif kind == _HOST:
+                operands.append(what)  # an index into the host leaves, read below
             else:
-                operands.append(rng_node)
+                operands.append(None)  # the RNG state, moved below
+        for what in self.written:  # paths written and not read
+            storage = _path_storage(*what)
+            if storage is None:
+                return Miss(f"the {step_state.describe(what[0])}")
+            storages.append(storage)
+        if step is not None and step.size:
+            leaves = step.host_leaves()  # counts Adam's steps: the last check
+            if isinstance(leaves, str):
+                return Miss(leaves)
+            for k, (kind, _) in enumerate(reads):
+                if kind == _HOST:
+                    operands[k] = leaves[operands[k]]
+        if self.draws:
+            state = _rng._rng(self.device)
+            rng_node = state.moved(_rng._SKIP)
+            state.draws += self.draws
+            for k, (kind, _) in enumerate(reads):
+                if kind == _RNG:
+                    operands[k] = rng_node
         node = self.forward.node(operands)
         if self.backward is not None and torch.is_grad_enabled():
             diff = [tensors[r[1]] if r[0] == "arg" else r[1] for r in self.diff_inputs]
@@ -179,16 +227,28 @@ class _Capture:
         else:
             outs = self.wrap(node)
         base = len(self.outputs)
-        for k, role in enumerate(self.mutated):
-            _storage_of(role, tensors).set(getitem(node, base + k))
+        for k, (role, at) in enumerate(zip(self.mutated, self.mutated_at)):
+            storage = _storage_of(role, tensors) if at is None else storages[at]
+            storage.set(getitem(node, base + k))
         for module, name, k in self.writes:
             setattr(module, name, outs[k])
+        if step is not None:
+            step.set_grads(outs)
         return results.unflatten(self.out_spec, outs)
 
     def wrap(self, node: Node) -> tuple:
         return tuple(
             fresh(getitem(node, k), self.device, meta) for k, (_, meta) in enumerate(self.outputs)
         )
+
+
+class Miss:
+    """Why a compiled step's replay cannot run (step_state.py): the call is captured again."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
 
 
 class _Call(torch.autograd.Function):
@@ -303,11 +363,13 @@ def _capture(
     device: int,
     modules: list[torch.nn.Module],
     session: bool,
+    function: bool,
 ) -> tuple[Any, _Capture | str, bool]:
     """Run ``fn(*args, **kwargs)`` op by op, watched; its result, the capture (or why there is
     none), and whether it synced. ``owned`` maps storage ids to the tensors owning them
     (parameters, buffers), ``modules`` lists the submodules whose attributes the call may set
-    (side_effects.py).
+    (side_effects.py). A ``function``'s call may also run a backward and step optimizers
+    (step_state.py).
 
     With ``session``, the call runs in a compile session (``torch.compiler.is_compiling()``
     True), where libraries take their traceable paths: transformers then builds its attention
@@ -318,15 +380,17 @@ def _capture(
     tensors = [t for t in flat_in if isinstance(t, LazyTensor)]
     watch = _Watch(device)
     effects = Effects(modules)
-    host = HostState()
+    snapshot = step_state.Snapshot() if function else None
+    host = HostState(step_state.Steps() if function else None)
     with watch, host, compile_session() if session else contextlib.nullcontext():
         result = fn(*args, **kwargs)
     why = watch.broken()
     if why is not None:
         return result, why, watch.synced
-    if host.why is not None:
-        return result, host.why, False
-    result, capture = _captured(result, watch, effects, tensors, owned)
+    why = host.why or (snapshot.changed() if snapshot is not None else None)
+    if why is not None:
+        return result, why, False
+    result, capture = _captured(result, watch, effects, host, snapshot, tensors, owned)
     return result, capture, False
 
 
@@ -334,6 +398,8 @@ def _captured(
     result: Any,
     watch: _Watch,
     effects: Effects,
+    host: HostState,
+    snapshot: step_state.Snapshot | None,
     tensors: list[LazyTensor],
     owned: dict[int, LazyTensor],
 ) -> tuple[Any, _Capture | str]:
@@ -352,7 +418,16 @@ def _captured(
     if any(id(v._lazy.storage.node) in before for _, v in outs):
         return result, "it returns a tensor that shares memory with one that existed before"
     known = {id(s) for _, s in before.values()}
-    writes, why = effects.after(known, [v for _, v in outs])
+    grads = []  # (parameter, the gradient the call left it, whether it had none before)
+    if snapshot is not None:
+        grads = [(p, p.grad, g is None) for p, g in snapshot.grads if p.grad is not g]
+        why = _grads_made([(p, g) for p, g, _ in grads if g is not None], known, outs)
+        if why is not None:
+            return result, why
+    elif host.backward:
+        return result, "it runs a backward: compile the function that calls it instead"
+    made_grads = [g for _, g, _ in grads if g is not None]
+    writes, why = effects.after(known, [v for _, v in outs], made_grads)
     if why is not None:
         return result, why
     # A tensor the call stored on a submodule is an output too (unless it is one already),
@@ -363,24 +438,35 @@ def _captured(
             number[id(v)] = len(outs)
             outs.append((None, v))
         capture.writes.append((m, name, number[id(v)]))
+    for g in made_grads:  # and so is a gradient the call made, set again by each replay
+        if id(g) not in number:
+            number[id(g)] = len(outs)
+            outs.append((None, g))
     capture.outputs = [(k, v._meta) for k, v in outs]
 
     # Where each storage read comes from.
     sources: dict[int, tuple] = {}
+    roles: dict[int, tuple] = {}
     for s_id, t in owned.items():
         sources[s_id] = ("tensor", t)
     for k, t in enumerate(tensors):
         if id(t._lazy.storage) in owned:
             return result, "an argument shares memory with a parameter or buffer of the module"
         sources.setdefault(id(t._lazy.storage), ("arg", k))
+    if snapshot is not None:
+        _step_sources(sources, snapshot, host.steps)
+        for j, leaf in enumerate(host.steps.leaves):
+            roles[id(leaf)] = ("host", j)
+    # A call that ran its own backward has none to record: its outputs come without autograd
+    # history (a second backward through them fails in eager too, the graph being freed).
+    differentiable = torch.is_grad_enabled() and not host.backward
     leaves = _grad_leaves([v for _, v in outs], tensors)
-    if torch.is_grad_enabled() and _upstream_of_arguments(tensors, leaves):
+    if differentiable and _upstream_of_arguments(tensors, leaves):
         return result, "an argument is computed from a tensor it reads (a parameter or argument)"
     for t in leaves:
         sources.setdefault(id(t._lazy.storage), ("tensor", t))
     sources[id(watch.rng.storage)] = ("rng",)
 
-    roles: dict[int, tuple] = {}
     placeholders: dict[int, Node] = {}  # id(storage) -> its placeholder
 
     def replace(n: Node) -> Node | None:
@@ -400,8 +486,11 @@ def _captured(
     ]
     for s in mutated:
         role = sources.get(id(s), ("storage", s))
-        owner = tensors[role[1]] if role[0] == "arg" else role[1] if role[0] == "tensor" else None
-        if owner is not None and owner.requires_grad and torch.is_grad_enabled():
+        owner = (
+            tensors[role[1]] if role[0] == "arg" else role[1] if role[0] == "tensor"
+            else step_state.resolve(role[1]) if role[0] == "path" else None
+        )  # fmt: skip
+        if owner is not None and owner.requires_grad and differentiable:
             return result, "it writes in place into a tensor that requires grad"
         capture.mutated.append(role)
     memo: dict[int, Node] = {}
@@ -410,7 +499,7 @@ def _captured(
     )
 
     backward_roots: list[Node] = []
-    if torch.is_grad_enabled():
+    if differentiable:
         backward_roots = _record_backward(capture, outs, tensors, leaves, roles)
         backward_roots = substituted(backward_roots, memo, replace)
     if backward_roots:
@@ -419,12 +508,71 @@ def _captured(
         backward_roots = substituted(backward_roots, {}, lambda n: _saved(n, inside, saved, roles))
         forward += [n for n, _ in saved.values()]
     capture.forward = _Region(forward, roles)
+    at = {id(r[1]): k for k, r in enumerate(r for r in capture.forward.roles if r[0] == "path")}
+    old = {id(s): n for n, s in before.values()}
+    for role, s in zip(capture.mutated, mutated):
+        if role[0] == "path" and id(role[1]) not in at:  # written, not read
+            at[id(role[1])] = len(at)
+            capture.written.append((role[1], old[id(s)].dtype, old[id(s)].shape))
+    capture.mutated_at = [at.get(id(r[1])) if r[0] == "path" else None for r in capture.mutated]
+    if snapshot is not None and (grads or host.steps.optimizers):
+        number_of = {id(g): number[id(g)] for g in made_grads}
+        grad_writes = [(p, number_of.get(id(g)), none) for p, g, none in grads]
+        capture.step = step_state.Replay(host.steps, snapshot, grad_writes)
     if backward_roots:
         capture.backward = _Region(backward_roots, roles)
         why = capture.link()
         if why is not None:
             return result, why
     return result, capture
+
+
+def _grads_made(grads: list[tuple], known: set[int], outs: list[tuple]) -> str | None:
+    """Why gradients ``grads`` (parameter, gradient pairs), which the call set, cannot be set
+    again from outputs of its replays; or None. Each must have its own storage, made by the
+    call and held by nothing else (a bias's gradient may be a view of the summed one), and its
+    parameter's layout."""
+    returned = {id(v._lazy.storage): v for _, v in outs}
+    storages: set[int] = set()
+    for p, g in grads:
+        if type(g) is not LazyTensor or id(g._lazy.storage) in known:
+            return "it sets a gradient to a tensor that existed before"
+        storage = id(g._lazy.storage)
+        if storage in storages or returned.get(storage, g) is not g:
+            return "it sets gradients that share memory with each other or its result"
+        storages.add(storage)
+        if g._meta[:3] != (p._meta[0], p._meta[1], 0):
+            return "it sets a gradient whose layout differs from its parameter's"
+    return None
+
+
+def _path_storage(path: tuple, dtype: str, shape: tuple) -> Any:
+    """The storage a path names, if it is a whole tensor's of ``dtype`` and ``shape``; else
+    None (a replay must capture again)."""
+    t = path[1] if path[0] == PARAM else step_state.resolve(path)
+    if type(t) is not LazyTensor:
+        return None
+    storage = t._lazy
+    node = storage.node
+    if storage is not storage.storage or node.dtype != dtype or node.shape != shape:
+        return None
+    return storage
+
+
+def _step_sources(sources: dict[int, tuple], snapshot: Any, steps: Any) -> None:
+    """A compiled function's parameters, their gradients and its optimizers' state, as paths
+    (step_state.py) that each replay reads again."""
+    for p, g in snapshot.grads:
+        if step_state.whole(p):
+            sources.setdefault(id(p._lazy.storage), ("path", (step_state.PARAM, p)))
+        if step_state.whole(g):
+            sources.setdefault(id(g._lazy.storage), ("path", (step_state.GRAD, p)))
+    for optimizer in steps.optimizers:
+        for p, state in optimizer.state.items():
+            for key, v in state.items():
+                if step_state.whole(v):
+                    path = (step_state.STATE, optimizer, p, key)
+                    sources.setdefault(id(v._lazy.storage), ("path", path))
 
 
 def _saved(n: Node, inside: set[int], saved: dict[int, tuple], roles: dict[int, tuple]) -> Any:
@@ -601,20 +749,38 @@ class _Compiled:
             elif module is not None:
                 self._keep_module(keep)
             result, capture = self._capture(call, args, kwargs, guards, flat, entry is not None)
-            self.captures[guards] = (capture, keep)
-            self.last = guards
+            self._keep(guards, capture, keep)
             return result
         self.last = guards  # a recapture names what changed since the previous call
         if entry[0] is _EAGER:
             return call(*args, **kwargs)
-        return entry[0].replay([v for v in flat if type(v) is LazyTensor])
+        result = entry[0].replay([v for v in flat if type(v) is LazyTensor])
+        if type(result) is Miss:  # a compiled step's optimizer or gradients changed
+            result, capture = self._capture(call, args, kwargs, guards, flat, False, result.why)
+            self._keep(guards, capture, entry[1])
+        return result
+
+    def _keep(self, guards: tuple, capture: Any, keep: list) -> None:
+        """Keep what calls under ``guards`` replay, unless the call made optimizer state (its
+        first step: the next call is captured)."""
+        if capture is not step_state.AGAIN:
+            self.captures[guards] = (capture, keep)
+            self.last = guards
 
     def _capture(
-        self, call: Callable, args: tuple, kwargs: dict, guards: tuple, flat: list, session: bool
+        self,
+        call: Callable,
+        args: tuple,
+        kwargs: dict,
+        guards: tuple,
+        flat: list,
+        session: bool,
+        missed: str | None = None,
     ) -> tuple:
-        """A call under new guards: its result, and what later calls with them replay (a
-        capture, ``_EAGER``, or ``_SESSION``: the call synced, and the next one is captured in
-        a compile session, ``session`` True)."""
+        """A call under new guards (or whose replay ``missed``, saying why): its result, and
+        what later calls with them replay (a capture, ``_EAGER``, ``_SESSION``: the call synced,
+        and the next one is captured in a compile session, ``session`` True; or
+        ``step_state.AGAIN``: nothing, the next call is captured)."""
         tensors = [v for v in flat if type(v) is LazyTensor]
         owned: dict[int, LazyTensor] = {}
         if self.module is not None:
@@ -622,8 +788,9 @@ class _Compiled:
                 if type(t) is LazyTensor:
                     owned.setdefault(id(t._lazy.storage), t)
         devices = [t._lazy.device for t in tensors] + [t._lazy.device for t in owned.values()]
-        if not devices:
+        if not devices and self.module is not None:
             return call(*args, **kwargs), _EAGER  # nothing on the lazy device
+        devices.append(0)  # a function without tensor arguments (a training step): lazy:0
         if len(self.captures) >= CAPTURE_LIMIT:
             why = f"it was captured {CAPTURE_LIMIT} times"
             return self._op_by_op(call, args, kwargs, why), _EAGER
@@ -631,7 +798,7 @@ class _Compiled:
             why = "an argument is not on the lazy device"
             return self._op_by_op(call, args, kwargs, why), _EAGER
         runtime.metrics.count("captures")
-        why = self._changed(guards)
+        why = missed or self._changed(guards)
         site = user_site()
         if why is not None:
             runtime.metrics.count("recaptures")
@@ -639,9 +806,14 @@ class _Compiled:
             if runtime.config.DEBUG:
                 print(f"[lazy] {self._name()} captured again at {site}: {why} changed")
         modules = self.modules if self.module is not None else []
-        result, capture, synced = _capture(call, args, kwargs, owned, devices[0], modules, session)
+        function = self.module is None
+        result, capture, synced = _capture(
+            call, args, kwargs, owned, devices[0], modules, session, function
+        )
         if synced and not session:
             return result, _SESSION
+        if capture is step_state.AGAIN:
+            return result, capture
         if isinstance(capture, str):
             self._warn(capture, site)
             return result, _EAGER

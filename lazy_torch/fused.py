@@ -31,6 +31,7 @@ from torch.utils import _foreach_utils
 
 import runtime
 from lazy_core import scalar_leaf
+from lazy_torch import step_state
 from lazy_torch._dtypes import dtype_name
 from lazy_torch.dispatch import bound_arguments, record_update, special
 from lazy_torch.foreach import add_lazy
@@ -72,6 +73,8 @@ def _record(
     n = _check_lists(name, lists)
     if n == 0:
         return
+    if step_state.watching is not None:  # a compiled step's capture: each replay reads them
+        step_state.watching.read_scalars(b, scalars, lists["self"])
     extras = tuple(k for k in ("grad_scale", "found_inf") if b[k] is not None)
     values = [t for tensors in lists.values() for t in tensors]
     values += [b[k] for k in (*scalars, *extras)]
@@ -165,9 +168,15 @@ def _steps(steps: list, capturable: bool, device: int) -> list | None:
         return _shared_leaves(values, lambda v: scalar_leaf(v, dtype))
     if not all(type(s) is torch.Tensor and s.device.type == "cpu" and not s.dim() for s in steps):
         return None
+    watching = step_state.watching  # a compiled step's capture: each replay counts them
+    if watching is not None:
+        watching.claim(steps)
     torch._foreach_add_(steps, 1)
     keys = [(s.item(), dtype_name(s.dtype)) for s in steps]
-    return _shared_leaves(keys, lambda k: scalar_leaf(*k))
+    leaves = _shared_leaves(keys, lambda k: scalar_leaf(*k))
+    if watching is not None:
+        watching.counted(steps, leaves)
+    return leaves
 
 
 def _shared_leaves(keys: list, leaf: Callable[[Any], Any]) -> list:

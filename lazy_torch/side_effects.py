@@ -14,9 +14,10 @@ So each effect of the call beyond its result is one a replay redoes, or the call
   count;
 - tensors the call made and kept anywhere else (appended to a list, stored in a global or on an
   object that is not a submodule): refused, a replay would leave the first call's value there;
-- host tensors that existed before the call, read or written (Adam's CPU step counts), and an
-  optimizer's step (learning rates are Python numbers): refused (``HostState``), a replay would
-  keep the values of the capture.
+- host tensors that existed before the call, read or written (a CPU counter), and an
+  optimizer's step in a module's call (learning rates are Python numbers): refused
+  (``HostState``), a replay would keep the values of the capture. A compiled function's call
+  may step Adam, AdamW or SGD and set gradients: step_state.py says how its replays redo that.
 
 Tensors autograd saved for the backward are not kept by the call (they go with its graph): they
 are found on the graph's nodes (``grad_fn._saved_*``). Python state that holds no
@@ -32,11 +33,15 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lazy_core import live_storages
+from lazy_torch import step_state
 from lazy_torch.guards import PLAIN, plain_value
 from lazy_torch.tensor import LazyTensor, extension
 
@@ -54,10 +59,13 @@ class Effects:
         self.modules = modules
         self.plain = plain_attributes(modules)
 
-    def after(self, known: set[int], result: list[LazyTensor]) -> tuple[list, str | None]:
+    def after(
+        self, known: set[int], result: list[LazyTensor], grads: list[LazyTensor]
+    ) -> tuple[list, str | None]:
         """After the call: the tensor attributes a replay sets again, as (submodule, name,
         tensor) triples, or why the call cannot be replayed. ``known`` holds the ids of the
-        storages alive before the call (held by the caller), ``result`` the tensors it returned."""
+        storages alive before the call (held by the caller), ``result`` the tensors it returned,
+        ``grads`` the gradients it made (set again by a replay: step_state.py)."""
         returned = {id(t) for t in result}
         returned_storages = {id(t._lazy.storage) for t in result}
         writes = []
@@ -69,7 +77,7 @@ class Effects:
                     where = f"{type(m).__name__}.{name}"
                     return [], f"it stores as {where} a tensor sharing memory with its result"
                 writes.append((m, name, v))
-        tensors = [*result, *(v for _, _, v in writes)]
+        tensors = [*result, *(v for _, _, v in writes), *grads]
         saved = _saved_by_autograd(tensors)  # held until the end of this check
         kept = {*saved, *(id(t._lazy.storage) for t in tensors)}
         if self._made(known, kept):
@@ -137,36 +145,59 @@ _FRESH = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.defa
 
 class HostState:
     """Watches one call (a context manager around it) for state a replay would not touch: a
-    tensor off the lazy device that existed before the call, read or written by an op (Adam's
-    CPU step counts, whose values become the bias corrections baked into the graph; a CPU
-    counter), and an optimizer's step (its learning rate and other hyperparameters are Python
-    numbers read from its param groups, baked into the graph too). ``why`` says which, or is
-    None.
+    tensor off the lazy device that existed before the call, read or written by an op (a CPU
+    counter, whose value would be baked into the graph), and an optimizer's step (its learning
+    rate and other hyperparameters are Python numbers read from its param groups). ``why`` says
+    which, or is None; ``backward`` whether the call ran a backward.
+
+    With ``steps`` (a compiled function's call, step_state.py), an optimizer's step is watched by
+    it instead: the Adam, AdamW and SGD steps that fused.py records as graph scalars read from
+    their param groups again, and Adam's CPU step counts it counts again, are replayed.
 
     Host tensors the call makes itself (``torch.tensor(...)``, a CPU copy it computes) are the
     same at every call under its guards, as any other value made inside."""
 
-    def __init__(self) -> None:
-        self.why: str | None = None
+    def __init__(self, steps: step_state.Steps | None = None) -> None:
+        self.steps = steps
+        self.backward = False
+        self._why: str | None = None
         self._mode = _HostOps(self)
-        self._hook: Any = None
+        self._hooks: list = []
+
+    @property
+    def why(self) -> str | None:
+        return self._why or (self.steps.why if self.steps is not None else None)
 
     def __enter__(self) -> HostState:  # noqa: PYI034
-        self._hook = register_optimizer_step_pre_hook(self._stepped)
+        self._hooks = [register_optimizer_step_pre_hook(self._stepped)]
+        if self.steps is not None:
+            self._hooks.append(register_optimizer_step_post_hook(self._done))
+        self._task = torch._C._current_graph_task_id()
+        self._previous, step_state.watching = step_state.watching, self.steps
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._mode.__exit__(*exc)
-        self._hook.remove()
+        step_state.watching = self._previous
+        for hook in self._hooks:
+            hook.remove()
+
+    def refuse(self, why: str) -> None:
+        self._why = self._why or why
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.why is None:
-            self.why = (
+        if self.steps is not None:
+            self.steps.begin(optimizer)
+        else:
+            self.refuse(
                 f"it steps an optimizer ({type(optimizer).__name__}), whose learning rate and "
                 "step counts a replay would not read again; compile the model or its loss and "
-                "step outside"
+                "step outside, or the whole training step as a function"
             )
+
+    def _done(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.steps.end(optimizer)
 
 
 class _HostOps(TorchDispatchMode):
@@ -179,11 +210,15 @@ class _HostOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
         kwargs = kwargs or {}
-        if self.state.why is None and func not in _FRESH:
+        state = self.state
+        if torch._C._current_graph_task_id() != state._task:
+            state.backward = True
+        if state.why is None and func not in _FRESH:
+            claimed = state.steps.claimed if state.steps is not None else ()
             for t in _host_tensors((args, kwargs)):
                 ref = self.made.get(id(t))
-                if ref is None or ref() is not t:
-                    self.state.why = (
+                if (ref is None or ref() is not t) and id(t) not in claimed:
+                    state.refuse(
                         f"its {func} reads or writes a {t.device.type} tensor of shape "
                         f"{tuple(t.shape)} that existed before it, which a replay would not"
                     )

@@ -156,45 +156,6 @@ def test_a_compiled_function_that_keeps_a_tensor_runs_op_by_op():
     assert [t.cpu().tolist() for t in kept] == [[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]]
 
 
-def test_a_step_function_with_an_optimizer_runs_op_by_op():
-    # Adam's CPU step counts and learning rate are read on the host: a replay baked them in
-    # (the weights drifted from eager's by 0.06 in four steps). Its own first steps make the
-    # optimizer state (kept elsewhere); here it exists before the first compiled call.
-    torch.manual_seed(0)
-    reference = nn.Linear(4, 2)
-    runs = {}
-    for device in ("cpu", "lazy"):
-        model = copy.deepcopy(reference).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=0.1)
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-
-        def step(x, model=model, opt=opt):
-            loss = model(x).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=False)
-            return loss.detach()
-
-        g = torch.Generator().manual_seed(1)
-        losses = [step(torch.randn(3, 4, generator=g).to(device))]
-        if device == "lazy":
-            lazy_torch.mark_step()
-            step = lazy_torch.compile(step)
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always")
-            for _ in range(4):
-                losses.append(step(torch.randn(3, 4, generator=g).to(device)))
-                sched.step()
-                if device == "lazy":
-                    lazy_torch.mark_step()
-        runs[device] = (torch.stack([loss.cpu() for loss in losses]), model.weight.detach().cpu())
-        if device == "lazy":
-            (message,) = compile_warnings(record)
-            assert "it steps an optimizer (Adam)" in message
-    assert_same(runs["lazy"][0], runs["cpu"][0])
-    assert_same(runs["lazy"][1], runs["cpu"][1])
-
-
 @pytest.mark.parametrize("use", ["operand", "counter"])
 def test_host_tensors_that_existed_before_the_call_run_it_op_by_op(use):
     scale = torch.tensor(2.0)  # a CPU tensor the call reads, changed between calls
