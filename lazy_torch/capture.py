@@ -45,7 +45,7 @@ from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dynamo import compile_session
 from lazy_torch.guards import PLAIN, aliasing, describe, module_guards, state
 from lazy_torch.side_effects import Effects, HostState, grad_fns
-from lazy_torch.step_state import PARAM
+from lazy_torch.step_state import GRAD, PARAM
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, extension, fresh
 
@@ -191,12 +191,24 @@ class _Capture:
                 operands.append(tensors[what]._lazy.storage.node)
             elif kind == _STORAGE:
                 operands.append(what.node)
-            elif kind == _PATH:
-                storage = _path_storage(*what)
-                if storage is None:
-                    return Miss(f"the {step_state.describe(what[0])}")
+            elif kind == _PATH:  # _path_storage, inline: a step reads hundreds
+                path, dtype, shape = what
+                k = path[0]
+                if k == PARAM:
+                    t = path[1]
+                elif k == GRAD:
+                    t = path[1].grad
+                else:
+                    t = path[1].state.get(path[2])
+                    t = t.get(path[3]) if t is not None else None
+                storage = t._lazy if type(t) is LazyTensor else None
+                if storage is None or storage is not storage.storage:
+                    return Miss(f"the {step_state.describe(path)}")
+                node = storage.node
+                if node.shape != shape or node.dtype != dtype:
+                    return Miss(f"the {step_state.describe(path)}")
                 storages.append(storage)
-                operands.append(storage.node)
+                operands.append(node)
             elif kind == _HOST:
                 operands.append(what)  # an index into the host leaves, read below
             else:

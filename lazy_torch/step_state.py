@@ -117,6 +117,15 @@ def _form(v: Any) -> tuple:
     return (type(v), type(v) in (int, float) and v == 0)
 
 
+def _group_check(group: dict) -> tuple:
+    """What a replay checks of a param group it read at the capture (``_group_guard`` held)."""
+    return (
+        tuple(map(id, group["params"])),
+        tuple((k, _value(v)) for k, v in group.items() if k not in _READ and k != "params"),
+        tuple((k, _form(group[k])) for k in _READ if k in group),
+    )
+
+
 def _optimizer_guard(optimizer: Any) -> tuple | str:
     """An optimizer's param groups and plain attributes as guards, and the size of its state."""
     groups = []
@@ -297,20 +306,36 @@ class Replay:
     outputs (capture.py calls ``check``, ``host_leaves`` and ``set_grads`` in that order)."""
 
     def __init__(self, steps: Steps, snapshot: Snapshot, grads: list[tuple]) -> None:
-        self.optimizers = [(o, g) for o, g in snapshot.optimizers if o in steps.optimizers]
         self.scalars = steps.scalars
         self.counts = steps.counts
         self.size = len(steps.leaves)
         self.grads = grads  # (parameter, its output or None, whether it had no grad before)
+        # Per stepped optimizer: its param groups (by identity: ``load_state_dict`` makes new
+        # ones) with their parameters' ids, the keys a replay does not read and their values,
+        # and the form of those it reads again.
+        self.optimizers = [
+            (o, [(g, _group_check(g)) for g in o.param_groups]) for o in steps.optimizers
+        ]
+        # Whether each parameter had a gradient before the call: those it set (a backward
+        # accumulates into one that exists) and every parameter of a stepped optimizer (which
+        # steps those that have one).
+        before = {id(p): g is None for p, g in snapshot.grads}
+        params = {id(p): p for p, _, _ in grads}
+        for o in steps.optimizers:
+            params.update((id(p), p) for g in o.param_groups for p in g["params"])
+        self.params = list(params.values())
+        self.none = [before.get(id(p), p.grad is None) for p in self.params]
 
     def check(self) -> str | None:
         """Why this call's optimizers or gradients differ from the capture's, or None."""
-        for optimizer, guard in self.optimizers:
-            if _optimizer_guard(optimizer) != guard:
-                return f"its {type(optimizer).__name__}'s param groups or state"
-        for p, _, none in self.grads:
-            if (p.grad is None) is not none:
-                return "whether a parameter has a gradient"
+        for optimizer, groups in self.optimizers:
+            now = optimizer.param_groups
+            if len(now) != len(groups) or any(
+                g is not group or _group_check(g) != check for g, (group, check) in zip(now, groups)
+            ):
+                return f"its {type(optimizer).__name__}'s param groups"
+        if [p.grad is None for p in self.params] != self.none:
+            return "whether a parameter has a gradient"
         return None
 
     def host_leaves(self) -> list | str:
