@@ -1,14 +1,15 @@
 """How much of XLA's command buffer each training step re-records: lazy with and without spare
 buffers, and the JAX ceiling.
 
-PYTHONPATH=. python benchmarks/command_buffer.py [--size gpt2-124m] [--steps 6]
+PYTHONPATH=. python benchmarks/command_buffer.py [--size gpt2-124m] [--steps 6] [--only BACKENDS]
 
 XLA's GPU runtime records an executable's kernels into a command buffer (a CUDA graph) and
 replays it; before each replay it re-records the commands that touch an allocation whose address
 changed since the last call. A step whose outputs land in new buffers pays that on the host in
 every call. This runs the suite's GPT-2 training step (bf16 autocast) back to back in three child
 processes, lazy with spare buffers (``LAZY_RECYCLE=1``: outputs go into the dead outputs of the
-previous step, runtime/donation.py), lazy without them, and the same model written in JAX, with
+previous step, runtime/donation.py), lazy without them, lazy with the whole step under
+``lazy_torch.compile`` (the suite's ``lazy+step``), and the same model written in JAX, with
 XLA's log of its command-buffer thunk turned on, and prints per steady step the changed
 allocations and the update's time as XLA logs them (medians). Needs a GPU.
 """
@@ -46,7 +47,7 @@ def _child(backend: str, size: str, steps: int) -> None:
             state, _ = ceiling.train_step(state, ceiling.batch)
         jax.block_until_ready(state)
         return
-    step, _ = suite._torch_backend("lazy", wl, "train", args)
+    step, _ = suite._torch_backend(backend, wl, "train", args)
     for i in range(4 + steps):
         if i == 4:
             lazy_torch.wait_device_ops()
@@ -74,11 +75,19 @@ def main() -> None:
     parser.add_argument("--size", default="gpt2-124m")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--only", help="comma-separated backends: lazy, lazy+step, jax (default: all)")
     args = parser.parse_args()
     if args.child:
         _child(args.child, args.size, args.steps)
         return
-    runs = (("lazy, spare buffers", "lazy", "1"), ("lazy, none", "lazy", "0"), ("jax", "jax", ""))
+    runs = (
+        ("lazy, spare buffers", "lazy", "1"),
+        ("lazy, none", "lazy", "0"),
+        ("lazy+step, spares", "lazy+step", "1"),
+        ("jax", "jax", ""),
+    )
+    if args.only:
+        runs = tuple(r for r in runs if r[1] in args.only.split(","))
     print(f"GPT-2 ({args.size}, bf16 autocast), {args.steps} steady steps back to back, medians:")
     for name, backend, recycle in runs:
         allocs, micros = _measure(backend, recycle, args.size, args.steps)

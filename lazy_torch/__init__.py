@@ -27,7 +27,7 @@ from lazy_torch import (  # noqa: F401
     scalar_checks,
     serialization,
 )
-from lazy_torch.capture import compile
+from lazy_torch.compiled import compile
 from lazy_torch.data import DeviceLoader, to_device
 from lazy_torch.foreach import declare_foreach_support
 from lazy_torch.rng import manual_seed

@@ -79,7 +79,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     # Dynamo only after its first trace, which without the patches breaks the graph at every
     # lazy tensor (correct, op by op); from then on the patches are in place.
     install()
-    from lazy_torch.capture import compile
+    from lazy_torch.compiled import compile
 
     # A _LazyGraphModule generates its forward at its first call, which then calls the module
     # again: that forward must exist before capture.py replaces the module's.

@@ -46,6 +46,7 @@ from lazy_torch.tensor import LazyTensor, extension
 # The tensors a path names.
 PARAM, GRAD, STATE = range(3)
 
+
 # The optimizers whose steps (by identity: a subclass that overrides step is none of them) run as
 # fused.py's fused steps, and how each scalar of a fused step is read from a param group.
 def _innermost(function: Any) -> Any:
@@ -287,7 +288,9 @@ class Steps:
     def counted(self, steps: list, leaves: list) -> None:
         """A route counted host step tensors ``steps`` and made ``leaves`` (one per step, shared
         by equal counts) of their new values: each replay counts them again."""
-        owner = {id(s.get("step")): p for p, s in self.current.state.items()} if self.current else {}
+        owner = (
+            {id(s.get("step")): p for p, s in self.current.state.items()} if self.current else {}
+        )
         params = [owner.get(id(s)) for s in steps]
         if any(p is None for p in params):
             self.why = self.why or "it counts optimizer steps outside an optimizer's step()"
