@@ -521,7 +521,7 @@ def _captured(
             at[id(role[1])] = len(at)
             capture.written.append((role[1], old[id(s)].dtype, old[id(s)].shape))
     capture.mutated_at = [at.get(id(r[1])) if r[0] == "path" else None for r in capture.mutated]
-    if snapshot is not None and (grads or host.steps.optimizers):
+    if snapshot is not None:
         number_of = {id(g): number[id(g)] for g in made_grads}
         grad_writes = [(p, number_of.get(id(g)), none) for p, g, none in grads]
         capture.step = step_state.Replay(host.steps, snapshot, grad_writes)

@@ -19,9 +19,9 @@ from torch.utils import _pytree as pytree
 import runtime
 from lazy_torch import step_state
 from lazy_torch.capture import CAPTURE_LIMIT, EAGER, SESSION, Miss, capture_call
-from lazy_torch.guards import PLAIN, aliasing, describe, module_guards, state
+from lazy_torch.guards import ModuleSet, aliasing, describe, state
 from lazy_torch.sites import user_site
-from lazy_torch.tensor import LazyTensor, extension
+from lazy_torch.tensor import LazyTensor
 
 _NOT_NONE = functools.partial(operator.is_not, None)
 
@@ -40,14 +40,7 @@ class _Compiled:
 
     def _read_module(self) -> None:
         self.modules = list(self.module.modules())
-        # Each submodule's plain attributes (a dropout's p, a norm's eps): the capture keeps
-        # their values, so they are guards. One itemgetter per submodule, read in C.
-        self.attributes = []
-        for m in self.modules:
-            names = [k for k, v in m.__dict__.items() if type(v) in PLAIN and k != "training"]
-            if names:
-                self.attributes.append((m.__dict__, tuple(names)))
-        self.tensor_dicts = [d for m in self.modules for d in (m._parameters, m._buffers)]
+        self.guarded = ModuleSet(self.modules)
         self.hook_dicts = [
             d
             for m in self.modules
@@ -64,16 +57,13 @@ class _Compiled:
 
     def _tensors(self) -> tuple:
         """The module's parameters and buffers, as they stand."""
-        return tuple(filter(_NOT_NONE, chain.from_iterable(map(dict.values, self.tensor_dicts))))
+        dicts = self.guarded.tensor_dicts
+        return tuple(filter(_NOT_NONE, chain.from_iterable(map(dict.values, dicts))))
 
     def _module_guards(self) -> tuple:
-        """Submodules' ``training``; each parameter and buffer: its identity, its storage's
-        (``p.data = ...`` replaces it) and ``requires_grad``; the submodules' plain attributes,
-        type-exact (1, 1.0 and True differ, floats by their bits). In C++ where the extension
-        is built (csrc/guards.cpp: a few us for GPT-2's 149 tensors, 130 in Python)."""
-        read = extension.module_guards if extension is not None else module_guards
+        """The module's and its submodules' guards (guards.ModuleSet)."""
         try:
-            training, tensors, values = read(self.tensor_dicts, self.modules, self.attributes)
+            training, tensors, values = self.guarded.read()
         except KeyError:  # an attribute was deleted: read the module again
             self._read_module()
             return self._module_guards()
@@ -86,7 +76,10 @@ class _Compiled:
 
     def _hooked(self) -> bool:
         nn = torch.nn.modules.module
-        if nn._global_forward_hooks or nn._global_forward_pre_hooks or nn._global_backward_hooks:
+        if nn._global_forward_hooks or nn._global_backward_hooks:
+            return True
+        # A compiled function's capture watches which modules it calls (step_state.py).
+        if any(h is not step_state.module_called for h in nn._global_forward_pre_hooks.values()):
             return True
         return any(map(len, self.hook_dicts))
 

@@ -37,6 +37,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -172,6 +173,7 @@ class HostState:
         self._hooks = [register_optimizer_step_pre_hook(self._stepped)]
         if self.steps is not None:
             self._hooks.append(register_optimizer_step_post_hook(self._done))
+            self._hooks.append(register_module_forward_pre_hook(step_state.module_called))
         self._task = torch._C._current_graph_task_id()
         self._previous, step_state.watching = step_state.watching, self.steps
         self._mode.__enter__()

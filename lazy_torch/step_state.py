@@ -40,7 +40,7 @@ from torch.optim import optimizer as _optimizer
 
 from lazy_core import scalar_leaf
 from lazy_torch.dispatch import _SCALAR_DTYPES
-from lazy_torch.guards import PLAIN, plain_value
+from lazy_torch.guards import PLAIN, ModuleSet, plain_value
 from lazy_torch.tensor import LazyTensor, extension
 
 # The tensors a path names.
@@ -70,6 +70,13 @@ _GROUP_KEYS = {
 _READ = frozenset(key for key, _ in _GROUP_KEYS.values())
 
 watching: Steps | None = None  # the Steps of the capture in progress (HostState sets it)
+
+
+def module_called(module: torch.nn.Module, args: Any) -> None:
+    """A global forward pre-hook while a function's call is captured: the modules it calls,
+    whose ``training``, parameters and plain attributes each replay checks (guards.ModuleSet)."""
+    if watching is not None:
+        watching.modules.setdefault(id(module), module)
 
 
 def resolve(path: tuple) -> Any:
@@ -217,6 +224,7 @@ class Steps:
         # the kernel's type).
         self.scalars: list[tuple] = []
         self.counts: list[tuple] = []  # per route's step counts: (optimizer, params, leaf index)
+        self.modules: dict[int, torch.nn.Module] = {}  # the modules the call calls
         self._groups: dict[int, dict] = {}
         self._recorded = 0
 
@@ -313,6 +321,8 @@ class Replay:
         self.counts = steps.counts
         self.size = len(steps.leaves)
         self.grads = grads  # (parameter, its output or None, whether it had no grad before)
+        self.modules = ModuleSet(list(steps.modules.values()))
+        self.module_guards = self.modules.read()
         # Per stepped optimizer: its param groups (by identity: ``load_state_dict`` makes new
         # ones) with their parameters' ids, the keys a replay does not read and their values,
         # and the form of those it reads again.
@@ -330,7 +340,13 @@ class Replay:
         self.none = [before.get(id(p), p.grad is None) for p in self.params]
 
     def check(self) -> str | None:
-        """Why this call's optimizers or gradients differ from the capture's, or None."""
+        """Why this call's modules, optimizers or gradients differ from the capture's, or
+        None."""
+        try:
+            if self.modules.read() != self.module_guards:
+                return "the training flags, parameters or attributes of the modules it calls"
+        except KeyError:
+            return "the attributes of the modules it calls"
         for optimizer, groups in self.optimizers:
             now = optimizer.param_groups
             if len(now) != len(groups) or any(

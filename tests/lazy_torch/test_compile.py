@@ -265,7 +265,8 @@ def test_module_guards_in_cpp_and_python_agree_and_see_each_change():
     readers = [guards.module_guards] + ([extension.module_guards] if extension else [])
 
     def read() -> tuple:
-        got = [f(compiled.tensor_dicts, compiled.modules, compiled.attributes) for f in readers]
+        guarded = compiled.guarded
+        got = [f(guarded.tensor_dicts, guarded.modules, guarded.attributes) for f in readers]
         assert all(g == got[0] for g in got)
         return got[0]
 

@@ -14,6 +14,7 @@ from torch import nn
 
 import lazy_torch
 from tests.lazy_torch.compiling import assert_same, compile_warnings, counter
+from tests.lazy_torch.models import SmallCNN, data
 
 STEPS = 5
 
@@ -270,3 +271,32 @@ def test_a_scheduler_stepped_inside_runs_op_by_op():
 def test_an_optimizer_with_step_hooks_runs_op_by_op():
     (message,) = _refused(lambda ps: torch.optim.SGD(ps, lr=0.1), hook=True)
     assert "step hooks" in message
+
+
+def test_a_cnn_with_batch_norm_trains_as_eager_in_train_and_eval():
+    """Running statistics (buffers the step writes) are written back by every replay; eval()
+    changes a guard of the model's own call inside the step and recaptures."""
+    runs = {}
+    for device in ("cpu", "lazy"):
+        torch.manual_seed(0)
+        model = SmallCNN().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        run = lazy_torch.compile(step) if device == "lazy" else step
+        losses = []
+        for k, (x, y) in enumerate(data("cnn", 6, batch=4)):
+            model.train(k != 4)  # one step with the statistics frozen
+            losses.append(run(x.to(device), y.to(device)).cpu())
+            if device == "lazy":
+                lazy_torch.mark_step()
+        runs[device] = (torch.stack(losses), {k: v.cpu() for k, v in model.state_dict().items()})
+    assert_same(runs["lazy"][0], runs["cpu"][0], rtol=1e-4, atol=1e-5)
+    for name, value in runs["cpu"][1].items():
+        assert_same(runs["lazy"][1][name], value, rtol=1e-4, atol=1e-5, msg=name)
