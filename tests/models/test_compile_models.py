@@ -148,3 +148,49 @@ def test_a_returned_cache_holds_each_calls_keys_and_values():
             torch.testing.assert_close(a.keys.cpu(), b.keys, rtol=RTOL, atol=1e-5)
             torch.testing.assert_close(a.values.cpu(), b.values, rtol=RTOL, atol=1e-5)
     assert counter("captures") - before == 1
+
+
+def train_steps(model, batches, loss_fn, device: str, compiled: bool) -> dict:
+    """The steps of ``train`` as one function (zero_grad, forward, backward, clip_grad_norm_,
+    AdamW) under lazy_torch.compile if ``compiled``, with a scheduler stepped outside."""
+    torch.manual_seed(0)
+    model = copy.deepcopy(model).to(device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=1e-6)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 / (k + 1))
+
+    def step(batch):
+        opt.zero_grad()
+        loss = loss_fn(model, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss.detach()
+
+    run_step = lazy_torch.compile(step) if compiled else step
+    lazy_torch.metrics.reset()
+    run = {"losses": [], "captures": [], "compiles": []}
+    for batch in batches:
+        before = counter("compiles")
+        loss = run_step(to_device(batch, device))
+        sched.step()
+        if device != "cpu":
+            lazy_torch.mark_step()
+        record_step(run, loss, before)
+    return finish_run(run, model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BUILDERS)
+def test_whole_training_steps_train_like_eager(name, monkeypatch, recwarn):
+    """The whole step replays as one node from its second call on (the first makes AdamW's
+    state), its learning rate changing at every step, as eager trains."""
+    module, build = BUILDERS[name]
+    monkeypatch.setattr(module, "STEPS", STEPS)
+    model, batches, loss_fn = build()
+    compiled = train_steps(model, batches, loss_fn, "lazy", compiled=True)
+    assert compile_warnings(recwarn.list) == []
+    eager = train_steps(model, batches, loss_fn, "cpu", compiled=False)
+    _close(compiled, eager, rtol=RTOL, atol=1e-5)
+    assert compiled["captures"] == [1] + [2] * (STEPS - 1), compiled["captures"]
+    assert compiled["compiles"][3:] == [0] * (STEPS - 3), compiled["compiles"]
