@@ -16,12 +16,12 @@ barrier until the next one, where it is reused or released.
 from __future__ import annotations
 
 import collections
+import operator
 from typing import Any, NamedTuple
 
 import jax
 
 from lazy_core.graph import Graph
-from lazy_core.ir import DATA
 from runtime.device import device
 from runtime.launcher import failed
 
@@ -204,10 +204,10 @@ class Donations:
             return None
         same = key == graph.key
         wanted = None if same else {_slot(r) for r in graph.roots}
-        read = {id(p.payload) for p in graph.params if p.op == DATA}
+        # The buffers this graph reads (a scalar's payload is a number: no output has its id).
+        read = set(map(id, map(_PAYLOAD, graph.params)))
         values, offered, roots = [], [], {}
-        for k, value in enumerate(outputs):
-            ident = id(value)
+        for k, (value, ident) in enumerate(zip(outputs, map(id, outputs))):
             if ident in held or ident in read or ident in kept:
                 continue
             if wanted is not None and slots[k] not in wanted:
@@ -235,6 +235,9 @@ class Donations:
         result = pairing(graph, donate, partners, spare_slots)
         self._pairings[key] = (partners, result)
         return result
+
+
+_PAYLOAD = operator.attrgetter("payload")
 
 
 def _slot(node: Any) -> Slot:
