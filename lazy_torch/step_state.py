@@ -3,7 +3,7 @@ it leaves there, so that each replay of ``lazy_torch.compile(step)`` redoes it (
 
 A step function (``zero_grad``, the forward and loss, ``backward``, ``optimizer.step()``) is
 captured as one region like any other call: the parameters, their gradients and the optimizer's
-moments it reads are inputs, the values it writes into them outputs written back. Four things
+moments it reads are inputs, the values it writes into them outputs written back. Five things
 besides make its replay compute what the call would:
 
 - Paths. A replay reads each such tensor where the call would find it: a parameter, the
@@ -18,6 +18,8 @@ besides make its replay compute what the call would:
   Adam's CPU step counts are counted again and read (``Steps``). So a scheduler's new learning
   rate and Adam's bias correction never recapture; the group's other entries (``amsgrad``,
   ``maximize``, its parameters) are guards.
+- Modules. The modules the call calls (a global forward pre-hook lists them during the capture)
+  are guards, as a compiled module's are (guards.ModuleSet): ``eval()`` recaptures.
 - What a replay cannot redo makes the call run op by op, with one warning: an optimizer other
   than these three, or one with step hooks, or whose step does not run as one fused step per
   group (mixed dtypes); a change of any optimizer's param groups inside the call (a scheduler's
