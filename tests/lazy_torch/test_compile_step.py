@@ -41,70 +41,100 @@ OPTIMIZERS = {
 }
 
 
-def _train(device: str, make_opt, zero: str, compiled: bool, n: int = STEPS) -> dict:
-    """``n`` steps of a step function on ``device`` (under lazy_torch.compile if ``compiled``),
-    with a scheduler stepped outside; losses, parameters, gradients and optimizer state."""
-    model = _model().to(device)
+def _run(
+    device: str,
+    make_opt,
+    *,
+    zero: str = "first",
+    optimizer_step: bool = True,
+    scheduler_inside: bool = False,
+    hook: bool = False,
+    between=None,
+    model_fn=None,
+    batches=None,
+    loss_fn=nn.functional.mse_loss,
+) -> dict:
+    """Steps of a step function on ``device``, under lazy_torch.compile on 'lazy', with a
+    scheduler stepped after each call (or inside it, ``scheduler_inside``). The function calls
+    ``zero_grad()`` first (``zero`` "first"), ``zero_grad(set_to_none=False)`` last ("last") or
+    never ("none"), and the optimizer's step unless ``optimizer_step`` is False;
+    ``between(k, model, opt)`` runs before call k. Returns the losses, the model's state, its
+    gradients, the optimizer's state, the captures counted after each call and the compile
+    warnings."""
+    torch.manual_seed(0)
+    model = (model_fn or _model)().to(device)
     opt = make_opt(list(model.parameters()))
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    if hook:
+        opt.register_step_post_hook(lambda *a: None)
 
     def step(x, y):
         if zero == "first":
-            opt.zero_grad(set_to_none=True)
-        loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+        loss = loss_fn(model(x), y)
         loss.backward()
-        opt.step()
+        if optimizer_step:
+            opt.step()
+        if scheduler_inside:
+            sched.step()
         if zero == "last":
             opt.zero_grad(set_to_none=False)
         return loss.detach()
 
-    run = lazy_torch.compile(step) if compiled else step
+    run = lazy_torch.compile(step) if device == "lazy" else step
     losses, captures = [], []
-    for x, y in _batches(n):
-        losses.append(run(x.to(device), y.to(device)).cpu())
-        sched.step()
-        if device == "lazy":
-            lazy_torch.mark_step()
-            captures.append(counter("captures"))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for k, (x, y) in enumerate(batches or _batches(STEPS)):
+            if between is not None:
+                between(k, model, opt)
+            losses.append(run(x.to(device), y.to(device)).cpu())
+            if not scheduler_inside:
+                sched.step()
+            if device == "lazy":
+                lazy_torch.mark_step()
+                captures.append(counter("captures"))
     return {
         "losses": torch.stack(losses),
-        "params": [p.detach().cpu() for p in model.parameters()],
+        "state": {k: v.cpu() for k, v in model.state_dict().items()},
         "grads": [None if p.grad is None else p.grad.cpu() for p in model.parameters()],
-        "state": [
+        "optimizer": [
             {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
             for p in model.parameters()
         ],
         "captures": captures,
+        "warnings": compile_warnings(record),
     }
 
 
-def _assert_same_run(got: dict, expected: dict) -> None:
-    assert_same(got["losses"], expected["losses"])
-    for a, b in zip(got["params"], expected["params"]):
-        assert_same(a, b)
-    for a, b in zip(got["grads"], expected["grads"]):
+def _compare(make_opt, rtol: float = 1e-5, atol: float = 1e-6, **options) -> dict:
+    """``_run`` on the CPU and on 'lazy', checked equal; the lazy run."""
+    expected = _run("cpu", make_opt, **options)
+    before = counter("captures")
+    got = _run("lazy", make_opt, **options)
+    got["captures"] = [c - before for c in got["captures"]]
+    assert_same(got["losses"], expected["losses"], rtol, atol)
+    for name, value in expected["state"].items():
+        assert_same(got["state"][name], value, rtol, atol, msg=name)
+    for a, b in zip(got["grads"], expected["grads"], strict=True):
         assert (a is None) == (b is None)
         if a is not None:
-            assert_same(a, b)
-    for a, b in zip(got["state"], expected["state"]):
+            assert_same(a, b, rtol, atol)
+    for a, b in zip(got["optimizer"], expected["optimizer"], strict=True):
         assert a.keys() == b.keys()
         for k in a:
-            assert_same(a[k], b[k], msg=k)
+            assert_same(a[k], b[k], rtol, atol, msg=k)
+    return got
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("zero", ["first", "last"])
 def test_a_step_function_replays_as_eager(name, zero):
-    expected = _train("cpu", OPTIMIZERS[name], zero, False)
-    before = counter("captures")
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        got = _train("lazy", OPTIMIZERS[name], zero, True)
-    assert compile_warnings(record) == []
-    _assert_same_run(got, expected)
+    got = _compare(OPTIMIZERS[name], zero=zero)
+    assert got["warnings"] == []
     # The first step makes the optimizer state, so the second is the one captured; then only
     # replays, though the learning rate and Adam's bias correction change at every step.
-    assert [c - before for c in got["captures"]] == [1, 2, 2, 2, 2]
+    assert got["captures"] == [1, 2, 2, 2, 2]
 
 
 def test_replays_record_one_node_and_set_each_steps_gradients():
@@ -131,172 +161,80 @@ def test_replays_record_one_node_and_set_each_steps_gradients():
 
 
 def test_gradient_accumulation_in_a_compiled_forward_and_backward():
-    """Gradients that exist before the call are read and accumulated into, in place."""
-    runs = {}
-    for device in ("cpu", "lazy"):
-        model = _model().to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    """Gradients that exist before the call are read and accumulated into, in place; the
+    optimizer steps outside, every second call."""
 
-        def forward_backward(x, y):
-            loss = nn.functional.mse_loss(model(x), y) / 2
-            loss.backward()
-            return loss.detach()
+    def step_every_second(k, model, opt):
+        if k and k % 2 == 0:
+            opt.step()
+            opt.zero_grad()
 
-        run = lazy_torch.compile(forward_backward) if device == "lazy" else forward_backward
-        losses = []
-        for k, (x, y) in enumerate(_batches(8)):
-            losses.append(run(x.to(device), y.to(device)).cpu())
-            if k % 2:
-                opt.step()
-                opt.zero_grad()
-            if device == "lazy":
-                lazy_torch.mark_step()
-        runs[device] = (torch.stack(losses), [p.detach().cpu() for p in model.parameters()])
-    assert_same(runs["lazy"][0], runs["cpu"][0])
-    for a, b in zip(runs["lazy"][1], runs["cpu"][1]):
-        assert_same(a, b)
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+    got = _compare(
+        sgd, zero="none", optimizer_step=False, between=step_every_second, batches=_batches(8)
+    )
+    assert got["warnings"] == []
 
 
 def test_a_loaded_optimizer_state_is_read_by_the_next_replay():
     """``load_state_dict`` swaps the moments and step counts for new tensors: a replay reads
     them where the optimizer keeps them, never the captured ones (which would train on from
     stale state)."""
-    runs = {}
-    for device in ("cpu", "lazy"):
-        model = _model().to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    saved = {}
 
-        def step(x, y):
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
+    def save_then_load(k, model, opt):
+        if k == 2:
+            saved["state"] = copy.deepcopy(opt.state_dict())
+        if k == 5:  # back to the state after two steps
+            opt.load_state_dict(saved["state"])
 
-        run = lazy_torch.compile(step) if device == "lazy" else step
-        losses = []
-        for k, (x, y) in enumerate(_batches(7)):
-            if k == 2:
-                saved = copy.deepcopy(opt.state_dict())
-            if k == 5:  # back to the state after two steps
-                opt.load_state_dict(saved)
-            losses.append(run(x.to(device), y.to(device)).cpu())
-            if device == "lazy":
-                lazy_torch.mark_step()
-        runs[device] = (torch.stack(losses), [p.detach().cpu() for p in model.parameters()])
-        runs[device] += ([opt.state[p]["step"].item() for p in model.parameters()],)
-    assert_same(runs["lazy"][0], runs["cpu"][0])
-    for a, b in zip(runs["lazy"][1], runs["cpu"][1]):
-        assert_same(a, b)
-    assert runs["lazy"][2] == runs["cpu"][2] == [4.0] * 4
+    adam = lambda ps: torch.optim.Adam(ps, lr=0.05)  # noqa: E731
+    got = _compare(adam, between=save_then_load, batches=_batches(7))
+    assert [s["step"].item() for s in got["optimizer"]] == [4.0] * 4
 
 
-def test_gradients_cleared_outside_recapture_once():
+def test_gradients_cleared_outside_recapture():
     """Whether a parameter has a gradient before the call decides what its backward does
     (accumulate or set): a replay checks it."""
-    runs = {}
-    for device in ("cpu", "lazy"):
-        model = _model().to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
 
-        def step(x, y):
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        run = lazy_torch.compile(step) if device == "lazy" else step
-        losses = []
-        for k, (x, y) in enumerate(_batches(7)):
-            losses.append(run(x.to(device), y.to(device)).cpu())
-            if k in (2, 4):
-                opt.zero_grad()  # the next call starts without gradients
-            if device == "lazy":
-                lazy_torch.mark_step()
-        runs[device] = (torch.stack(losses), [p.grad.cpu() for p in model.parameters()])
-    assert_same(runs["lazy"][0], runs["cpu"][0])
-    for a, b in zip(runs["lazy"][1], runs["cpu"][1]):
-        assert_same(a, b)
-
-
-def _refused(make_opt, inside=None, hook=False) -> list[str]:
-    """The compile warnings of a step function that cannot be replayed, after checking that
-    it still trains as eager does."""
-    runs, messages = {}, []
-    for device in ("cpu", "lazy"):
-        model = _model().to(device)
-        opt = make_opt(model.parameters())
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-        if hook:
-            opt.register_step_post_hook(lambda *a: None)
-
-        def step(x, y):
+    def clear(k, model, opt):
+        if k in (3, 5):
             opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            if inside is not None:
-                inside(sched)
-            return loss.detach()
 
-        run = lazy_torch.compile(step) if device == "lazy" else step
-        losses = []
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always")
-            for x, y in _batches(4):
-                losses.append(run(x.to(device), y.to(device)).cpu())
-                if device == "lazy":
-                    lazy_torch.mark_step()
-        if device == "lazy":
-            messages = compile_warnings(record)
-        runs[device] = (torch.stack(losses), [p.detach().cpu() for p in model.parameters()])
-    assert_same(runs["lazy"][0], runs["cpu"][0])
-    for a, b in zip(runs["lazy"][1], runs["cpu"][1]):
-        assert_same(a, b)
-    return messages
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.5)  # noqa: E731
+    _compare(sgd, zero="none", between=clear, batches=_batches(7))
 
 
-def test_an_optimizer_whose_step_is_not_fused_runs_op_by_op():
-    (message,) = _refused(lambda ps: torch.optim.RMSprop(ps, lr=0.01))
-    assert "it steps a RMSprop" in message
-    (message,) = _refused(lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=False))
-    assert "does not run as one fused step per param group" in message
-
-
-def test_a_scheduler_stepped_inside_runs_op_by_op():
-    (message,) = _refused(lambda ps: torch.optim.Adam(ps, lr=0.01), inside=lambda s: s.step())
-    assert "changes its Adam's param groups" in message
-
-
-def test_an_optimizer_with_step_hooks_runs_op_by_op():
-    (message,) = _refused(lambda ps: torch.optim.SGD(ps, lr=0.1), hook=True)
-    assert "step hooks" in message
+@pytest.mark.parametrize(
+    "make_opt, options, message",
+    [
+        (lambda ps: torch.optim.RMSprop(ps, lr=0.01), {}, "it steps a RMSprop"),
+        (
+            lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=False),
+            {},
+            "does not run as one fused step per param group",
+        ),
+        (
+            lambda ps: torch.optim.Adam(ps, lr=0.01),
+            {"scheduler_inside": True},
+            "changes its Adam's param groups",
+        ),
+        (lambda ps: torch.optim.SGD(ps, lr=0.1), {"hook": True}, "step hooks"),
+    ],
+    ids=["rmsprop", "foreach-false", "scheduler-inside", "step-hook"],
+)
+def test_what_a_replay_cannot_redo_runs_op_by_op(make_opt, options, message):
+    (warning,) = _compare(make_opt, **options)["warnings"]
+    assert message in warning
 
 
 def test_a_cnn_with_batch_norm_trains_as_eager_in_train_and_eval():
     """Running statistics (buffers the step writes) are written back by every replay; eval()
     changes a guard of the model's own call inside the step and recaptures."""
-    runs = {}
-    for device in ("cpu", "lazy"):
-        torch.manual_seed(0)
-        model = SmallCNN().to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-        def step(x, y):
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
+    def eval_once(k, model, opt):
+        model.train(k != 4)  # one step with the statistics frozen
 
-        run = lazy_torch.compile(step) if device == "lazy" else step
-        losses = []
-        for k, (x, y) in enumerate(data("cnn", 6, batch=4)):
-            model.train(k != 4)  # one step with the statistics frozen
-            losses.append(run(x.to(device), y.to(device)).cpu())
-            if device == "lazy":
-                lazy_torch.mark_step()
-        runs[device] = (torch.stack(losses), {k: v.cpu() for k, v in model.state_dict().items()})
-    assert_same(runs["lazy"][0], runs["cpu"][0], rtol=1e-4, atol=1e-5)
-    for name, value in runs["cpu"][1].items():
-        assert_same(runs["lazy"][1][name], value, rtol=1e-4, atol=1e-5, msg=name)
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)  # noqa: E731
+    cnn = dict(model_fn=SmallCNN, batches=data("cnn", 6, batch=4), between=eval_once)
+    _compare(sgd, rtol=1e-4, atol=1e-5, loss_fn=nn.functional.cross_entropy, **cnn)
