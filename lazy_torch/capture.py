@@ -40,7 +40,7 @@ from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dynamo import compile_session
 from lazy_torch.side_effects import Effects, HostState, grad_fns
-from lazy_torch.step_state import GRAD, PARAM
+from lazy_torch.step_state import PARAM
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, fresh
 
@@ -128,6 +128,7 @@ class _Capture:
         self.mutated: list[tuple] = []  # the role of each storage the forward writes
         self.mutated_at: list[int | None] = []  # per mutated path: its place in ``storages``
         self.written: list[tuple] = []  # (path, dtype, shape) per path written and not read
+        self.paths: step_state.Paths | None = None  # set by prepare, with the operands' places
         self.writes: list[tuple] = []  # (submodule, name, output) per tensor attribute it sets
         self.draws = 0  # random draws the forward makes
         self.diff_outputs: list[int] = []  # tensor outputs whose gradients the backward takes
@@ -173,59 +174,35 @@ class _Capture:
             why = step.check()
             if why is not None:
                 return Miss(why)
-        operands: list[Any] = []
-        storages: list[Any] = []  # per path read: the storage it names, written back below
-        reads = self.forward.reads
-        for kind, what in reads:
-            if kind == _TENSOR:
-                operands.append(what._lazy.storage.node)
-            elif kind == _FIXED:
-                operands.append(what)
-            elif kind == _ARG:
-                operands.append(tensors[what]._lazy.storage.node)
-            elif kind == _STORAGE:
-                operands.append(what.node)
-            elif kind == _PATH:  # _path_storage, inline: a step reads hundreds
-                path, dtype, shape = what
-                k = path[0]
-                if k == PARAM:
-                    t = path[1]
-                elif k == GRAD:
-                    t = path[1].grad
-                else:
-                    t = path[1].state.get(path[2])
-                    t = t.get(path[3]) if t is not None else None
-                storage = t._lazy if type(t) is LazyTensor else None
-                if storage is None or storage is not storage.storage:
-                    return Miss(f"the {step_state.describe(path)}")
-                node = storage.node
-                if node.shape != shape or node.dtype != dtype:
-                    return Miss(f"the {step_state.describe(path)}")
-                storages.append(storage)
-                operands.append(node)
-            elif kind == _HOST:
-                operands.append(what)  # an index into the host leaves, read below
-            else:
-                operands.append(None)  # the RNG state, moved below
-        for what in self.written:  # paths written and not read
-            storage = _path_storage(*what)
-            if storage is None:
-                return Miss(f"the {step_state.describe(what[0])}")
-            storages.append(storage)
+        storages: list[Any] = []  # per path: the storage it names, written back below
+        operands = list(self.template)  # the fixed operands in place
+        if self.paths is not None:
+            found = self.paths.storages()
+            if isinstance(found, str):
+                return Miss(found)
+            storages, nodes = found
+            for k, n in zip(self.path_at, nodes):
+                operands[k] = n
+        leaves = None
         if step is not None and step.size:
             leaves = step.host_leaves()  # counts Adam's steps: the last check
             if isinstance(leaves, str):
                 return Miss(leaves)
-            for k, (kind, _) in enumerate(reads):
-                if kind == _HOST:
-                    operands[k] = leaves[operands[k]]
+        for k, kind, what in self.others:
+            if kind == _TENSOR:
+                operands[k] = what._lazy.storage.node
+            elif kind == _ARG:
+                operands[k] = tensors[what]._lazy.storage.node
+            elif kind == _STORAGE:
+                operands[k] = what.node
+            elif kind == _HOST:
+                operands[k] = leaves[what]
         if self.draws:
             state = _rng._rng(self.device)
             rng_node = state.moved(_rng._SKIP)
             state.draws += self.draws
-            for k, (kind, _) in enumerate(reads):
-                if kind == _RNG:
-                    operands[k] = rng_node
+            for k in self.rng_at:
+                operands[k] = rng_node
         node = self.forward.node(operands)
         if self.backward is not None and torch.is_grad_enabled():
             diff = [tensors[r[1]] if r[0] == "arg" else r[1] for r in self.diff_inputs]
@@ -233,18 +210,38 @@ class _Capture:
         else:
             outs = self.wrap(node)
         base = len(self.outputs)
-        for k, (role, at) in enumerate(zip(self.mutated, self.mutated_at)):
+        dtypes, shapes = self.forward.dtypes, self.forward.shapes
+        for k, (role, at) in enumerate(zip(self.mutated, self.mutated_at), base):
             storage = _storage_of(role, tensors) if at is None else storages[at]
-            storage.set(getitem(node, base + k))
+            storage.set(Node(GETITEM, (node,), k, dtypes[k], shapes[k]))  # getitem(node, k)
         for module, name, k in self.writes:
             setattr(module, name, outs[k])
         if step is not None:
             step.set_grads(outs)
         return results.unflatten(self.out_spec, outs)
 
+    def prepare(self) -> None:
+        """Sort the forward node's operands by how a replay gets them: fixed ones in a
+        template, path reads (with the paths only written) resolved together
+        (step_state.Paths), the RNG state's places, and the rest one by one."""
+        reads = self.forward.reads
+        self.template = [what if kind == _FIXED else None for kind, what in reads]
+        self.path_at = [k for k, (kind, _) in enumerate(reads) if kind == _PATH]
+        self.rng_at = [k for k, (kind, _) in enumerate(reads) if kind == _RNG]
+        self.others = [
+            (k, kind, what)
+            for k, (kind, what) in enumerate(reads)
+            if kind in (_TENSOR, _ARG, _STORAGE, _HOST)
+        ]
+        paths = [reads[k][1] for k in self.path_at] + self.written
+        self.paths = step_state.Paths(*map(list, zip(*paths))) if paths else None
+
     def wrap(self, node: Node) -> tuple:
+        """The tensors of the forward node's outputs (getitem nodes, made inline)."""
+        device, dtypes, shapes = self.device, self.forward.dtypes, self.forward.shapes
         return tuple(
-            fresh(getitem(node, k), self.device, meta) for k, (_, meta) in enumerate(self.outputs)
+            fresh(Node(GETITEM, (node,), k, dtypes[k], shapes[k]), device, meta)
+            for k, (_, meta) in enumerate(self.outputs)
         )
 
 
@@ -521,6 +518,7 @@ def _captured(
             at[id(role[1])] = len(at)
             capture.written.append((role[1], old[id(s)].dtype, old[id(s)].shape))
     capture.mutated_at = [at.get(id(r[1])) if r[0] == "path" else None for r in capture.mutated]
+    capture.prepare()
     if snapshot is not None:
         number_of = {id(g): number[id(g)] for g in made_grads}
         grad_writes = [(p, number_of.get(id(g)), none) for p, g, none in grads]

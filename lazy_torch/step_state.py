@@ -34,7 +34,10 @@ are what a replay's checks compare against.
 
 from __future__ import annotations
 
+import functools
 import gc
+import itertools
+import operator
 from typing import Any
 
 import torch
@@ -90,6 +93,60 @@ def resolve(path: tuple) -> Any:
         return path[1].grad
     state = path[1].state.get(path[2])
     return None if state is None else state.get(path[3])
+
+
+_LAZY = operator.attrgetter("_lazy")
+_STORAGE = operator.attrgetter("storage")
+_NODE = operator.attrgetter("node")
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
+
+
+def _state_entry(optimizer: Any, p: Any, key: str) -> Any:
+    state = optimizer.state.get(p)
+    return None if state is None else state.get(key)
+
+
+def _getter(path: tuple) -> Any:
+    """A callable (C-level where it can be) that returns the tensor ``path`` names now."""
+    if path[0] == PARAM:
+        return itertools.repeat(path[1]).__next__
+    if path[0] == GRAD:
+        return functools.partial(getattr, path[1], "grad")
+    return functools.partial(_state_entry, *path[1:])
+
+
+class Paths:
+    """The tensors a replay reads or writes through paths, resolved and checked together: a step
+    has hundreds (each parameter, and Adam's two moments of each)."""
+
+    def __init__(self, paths: list[tuple], dtypes: list[str], shapes: list[tuple]) -> None:
+        self.paths, self.dtypes, self.shapes = paths, dtypes, shapes
+        self.getters = [_getter(p) for p in paths]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def storages(self) -> tuple[list, list] | str:
+        """Each path's storage and its value (node), or why one is not a whole lazy tensor of
+        the captured dtype and shape."""
+        try:
+            storages = list(map(_LAZY, [get() for get in self.getters]))
+        except AttributeError:  # None, or a tensor off the lazy device
+            return self._why()
+        if list(map(_STORAGE, storages)) != storages:  # a view
+            return self._why()
+        nodes = list(map(_NODE, storages))
+        if list(map(_SHAPE, nodes)) != self.shapes or list(map(_DTYPE, nodes)) != self.dtypes:
+            return self._why()
+        return storages, nodes
+
+    def _why(self) -> str:
+        for path, get, dtype, shape in zip(self.paths, self.getters, self.dtypes, self.shapes):
+            t = get()
+            if not whole(t) or (t._lazy.node.dtype, t._lazy.node.shape) != (dtype, shape):
+                return f"the {describe(path)}"
+        return "a path"
 
 
 def describe(path: tuple) -> str:
