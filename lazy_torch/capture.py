@@ -40,7 +40,6 @@ from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dynamo import compile_session
 from lazy_torch.side_effects import Effects, HostState, grad_fns
-from lazy_torch.step_state import PARAM
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, fresh
 
@@ -548,19 +547,6 @@ def _grads_made(grads: list[tuple], known: set[int], outs: list[tuple]) -> str |
         if g._meta[:3] != (p._meta[0], p._meta[1], 0):
             return "it sets a gradient whose layout differs from its parameter's"
     return None
-
-
-def _path_storage(path: tuple, dtype: str, shape: tuple) -> Any:
-    """The storage a path names, if it is a whole tensor's of ``dtype`` and ``shape``; else
-    None (a replay must capture again)."""
-    t = path[1] if path[0] == PARAM else step_state.resolve(path)
-    if type(t) is not LazyTensor:
-        return None
-    storage = t._lazy
-    node = storage.node
-    if storage is not storage.storage or node.dtype != dtype or node.shape != shape:
-        return None
-    return storage
 
 
 def _step_sources(sources: dict[int, tuple], snapshot: Any, steps: Any) -> None:
