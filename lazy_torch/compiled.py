@@ -142,7 +142,8 @@ class _Compiled:
                 if type(t) is LazyTensor:
                     owned.setdefault(id(t._lazy.storage), t)
         devices = [t._lazy.device for t in tensors] + [t._lazy.device for t in owned.values()]
-        if not devices and self.module is not None:
+        has_tensors = any(isinstance(v, torch.Tensor) for v in flat)
+        if not devices and (self.module is not None or has_tensors):
             return call(*args, **kwargs), EAGER  # nothing on the lazy device
         devices.append(0)  # a function without tensor arguments (a training step): lazy:0
         if len(self.captures) >= CAPTURE_LIMIT:
