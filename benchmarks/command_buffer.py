@@ -75,7 +75,9 @@ def main() -> None:
     parser.add_argument("--size", default="gpt2-124m")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--only", help="comma-separated backends: lazy, lazy+step, jax (default: all)")
+    parser.add_argument(
+        "--only", help="comma-separated backends: lazy, lazy+step, jax (default: all)"
+    )
     args = parser.parse_args()
     if args.child:
         _child(args.child, args.size, args.steps)
