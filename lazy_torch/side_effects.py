@@ -175,7 +175,9 @@ class HostState:
             self._hooks.append(register_optimizer_step_post_hook(self._done))
             self._hooks.append(register_module_forward_pre_hook(step_state.module_called))
         self._task = torch._C._current_graph_task_id()
-        self._previous, step_state.watching = step_state.watching, self.steps
+        self._previous = step_state.watching
+        if self.steps is not None:  # a module captured inside a function's capture: the
+            step_state.watching = self.steps  # function's still watches the modules it calls
         self._mode.__enter__()
         return self
 

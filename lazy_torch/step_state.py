@@ -81,7 +81,10 @@ def module_called(module: torch.nn.Module, args: Any) -> None:
     """A global forward pre-hook while a function's call is captured: the modules it calls,
     whose ``training``, parameters and plain attributes each replay checks (guards.ModuleSet)."""
     if watching is not None:
-        watching.modules.setdefault(id(module), module)
+        # A compiled module may replay without calling its submodules: guard them all.
+        inner = module.modules() if "_lazy_compiled" in module.__dict__ else (module,)
+        for m in inner:
+            watching.modules.setdefault(id(m), m)
 
 
 def resolve(path: tuple) -> Any:

@@ -238,3 +238,28 @@ def test_a_cnn_with_batch_norm_trains_as_eager_in_train_and_eval():
     sgd = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)  # noqa: E731
     cnn = dict(model_fn=SmallCNN, batches=data("cnn", 6, batch=4), between=eval_once)
     _compare(sgd, rtol=1e-4, atol=1e-5, loss_fn=nn.functional.cross_entropy, **cnn)
+
+
+def test_a_compiled_module_inside_a_compiled_function_guards_its_submodules():
+    """A compiled module replays inside the function's capture without calling its submodules,
+    and a module captured inside it is watched too: a submodule's eval() alone must recapture
+    the function (its replay would keep the training statistics)."""
+    results = {}
+    for device in ("cpu", "lazy"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)).to(device)
+        inner = lazy_torch.compile(model) if device == "lazy" else model
+
+        def total(x):
+            return inner(x).sum()
+
+        run = lazy_torch.compile(total) if device == "lazy" else total
+        got = []
+        for k, (x, _) in enumerate(_batches(6)):
+            model[1].train(k < 3)
+            with torch.no_grad():
+                got.append(run(x.to(device)).cpu())
+            if device == "lazy":
+                lazy_torch.mark_step()
+        results[device] = torch.stack(got)
+    assert_same(results["lazy"], results["cpu"], rtol=1e-4, atol=1e-5)
