@@ -389,7 +389,9 @@ def capture_call(
     why = watch.broken()
     if why is not None:
         return result, why, watch.synced
-    why = host.why or (snapshot.changed() if snapshot is not None else None)
+    why = host.why
+    if why is None and snapshot is not None:
+        why = snapshot.changed() or host.steps.changed_attribute()
     if why is not None:
         return result, why, False
     result, capture = _captured(result, watch, effects, host, snapshot, tensors, owned)

@@ -84,7 +84,13 @@ def module_called(module: torch.nn.Module, args: Any) -> None:
         # A compiled module may replay without calling its submodules: guard them all.
         inner = module.modules() if "_lazy_compiled" in module.__dict__ else (module,)
         for m in inner:
-            watching.modules.setdefault(id(m), m)
+            if id(m) not in watching.modules:
+                watching.modules[id(m)] = m
+                watching.attributes.append((m, _plain(m)))
+
+
+def _plain(module: torch.nn.Module) -> dict:
+    return {k: plain_value(v) for k, v in module.__dict__.items() if type(v) in PLAIN}
 
 
 def resolve(path: tuple) -> Any:
@@ -287,8 +293,20 @@ class Steps:
         self.scalars: list[tuple] = []
         self.counts: list[tuple] = []  # per route's step counts: (optimizer, params, leaf index)
         self.modules: dict[int, torch.nn.Module] = {}  # the modules the call calls
+        self.attributes: list[tuple] = []  # each one's plain attributes when first called
         self._groups: dict[int, dict] = {}
         self._recorded = 0
+
+    def changed_attribute(self) -> str | None:
+        """After the call: a plain attribute of a module it called that changed after that
+        module was first called (``self.calls += 1`` in a forward), which a replay would not
+        change; or None."""
+        for m, before in self.attributes:
+            after = _plain(m)
+            if after != before:
+                name = next(k for k in {*before, *after} if before.get(k) != after.get(k))
+                return f"it changes the attribute {type(m).__name__}.{name}"
+        return None
 
     def begin(self, optimizer: Any) -> None:
         if self.why is not None:

@@ -263,3 +263,31 @@ def test_a_compiled_module_inside_a_compiled_function_guards_its_submodules():
                 lazy_torch.mark_step()
         results[device] = torch.stack(got)
     assert_same(results["lazy"], results["cpu"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_module_attribute_the_call_changes_runs_it_op_by_op():
+    """A forward that counts its calls in a plain attribute: a replay would not count."""
+
+    class Counting(nn.Linear):
+        def forward(self, x):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().forward(x) * self.calls
+
+    results = {}
+    for device in ("cpu", "lazy"):
+        torch.manual_seed(0)
+        model = Counting(4, 2).to(device)
+        model.calls = 0
+
+        def total(x):
+            return model(x).sum()
+
+        run = lazy_torch.compile(total) if device == "lazy" else total
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            got = [run(x.to(device)).detach().cpu() for x, _ in _batches(4)]
+        results[device] = (torch.stack(got), model.calls, compile_warnings(record))
+    assert_same(results["lazy"][0], results["cpu"][0])
+    assert results["lazy"][1] == results["cpu"][1] == 4
+    (message,) = results["lazy"][2]
+    assert "it changes the attribute Counting.calls" in message
