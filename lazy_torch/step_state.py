@@ -18,8 +18,10 @@ besides make its replay compute what the call would:
   Adam's CPU step counts are counted again and read (``Steps``). So a scheduler's new learning
   rate and Adam's bias correction never recapture; the group's other entries (``amsgrad``,
   ``maximize``, its parameters) are guards.
-- Modules. The modules the call calls (a global forward pre-hook lists them during the capture)
-  are guards, as a compiled module's are (guards.ModuleSet): ``eval()`` recaptures.
+- Modules. The modules the call calls (a global forward pre-hook lists them during the capture;
+  a compiled module, with all its submodules) are guards, as a compiled module's are
+  (guards.ModuleSet): ``eval()`` recaptures. A plain attribute of one that the call changes
+  after first calling it (``self.calls += 1``) makes it run op by op.
 - What a replay cannot redo makes the call run op by op, with one warning: an optimizer other
   than these three, or one with step hooks, or whose step does not run as one fused step per
   group (mixed dtypes); a change of any optimizer's param groups inside the call (a scheduler's
