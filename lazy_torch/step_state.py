@@ -135,9 +135,6 @@ class Paths:
         self.paths, self.dtypes, self.shapes = paths, dtypes, shapes
         self.getters = [_getter(p) for p in paths]
 
-    def __len__(self) -> int:
-        return len(self.paths)
-
     def storages(self) -> tuple[list, list] | str:
         """Each path's storage and its value (node), or why one is not a whole lazy tensor of
         the captured dtype and shape."""
@@ -163,7 +160,7 @@ class Paths:
 def describe(path: tuple) -> str:
     """What ``path`` names, for a recapture's reason."""
     kind = ("parameter", "gradient of a parameter", "state of its optimizer")[path[0]]
-    return kind if kind != STATE else f"{kind} ({path[3]})"
+    return f"{kind} ({path[3]})" if path[0] == STATE else kind
 
 
 def whole(t: Any) -> bool:
