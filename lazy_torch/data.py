@@ -16,10 +16,27 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from lazy_torch.tensor import upload
 
 _END = object()
+
+# Storages a DeviceLoader's thread made and has not handed over yet, by id (each held by its
+# queue meanwhile): the watch of a capture (side_effects.py) does not take them for storages
+# the watched call made. Changed and read under ``prefetching``.
+prefetching = threading.Lock()
+prefetched: set[int] = set()
+
+
+def _storage_ids(batch: Any) -> list[int]:
+    leaves = pytree.tree_leaves(batch)
+    return [id(t._lazy.storage) for t in leaves if hasattr(t, "_lazy")]
+
+
+def _handed_over(ids: list[int]) -> None:
+    with prefetching:
+        prefetched.difference_update(ids)
 
 
 def to_device(batch: Any, device: torch.device | str | None = None) -> Any:
@@ -88,7 +105,12 @@ class DeviceLoader:
         def produce() -> None:
             try:
                 for batch in self.loader:
-                    if not put(to_device(batch, self.device)):
+                    with prefetching:
+                        moved = to_device(batch, self.device)
+                        ids = _storage_ids(moved)
+                        prefetched.update(ids)
+                    if not put((moved, ids)):
+                        _handed_over(ids)
                         return
                 put(_END)
             except BaseException as e:  # handed to the consumer, raised there
@@ -103,7 +125,12 @@ class DeviceLoader:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                _handed_over(item[1])
+                yield item[0]
         finally:
             stop.set()
             thread.join(timeout=5)
+            while not batches.empty():  # batches never handed over: their ids go too
+                item = batches.get_nowait()
+                if type(item) is tuple:
+                    _handed_over(item[1])

@@ -42,7 +42,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lazy_core import live_storages
-from lazy_torch import step_state
+from lazy_torch import data, step_state
 from lazy_torch.guards import PLAIN, plain_value
 from lazy_torch.tensor import LazyTensor, extension
 
@@ -92,8 +92,15 @@ class Effects:
         return self._changed_attributes() or (writes, None)
 
     def _made(self, known: set[int], kept: set[int]) -> set[int]:
-        """Storages made by the call and alive, other than ``kept``."""
-        return {id(s) for s in live_storages() if id(s) not in known and id(s) not in kept}
+        """Storages made by the call and alive, other than ``kept`` (and than the batches a
+        DeviceLoader's thread uploaded meanwhile)."""
+        with data.prefetching:
+            other = data.prefetched
+            return {
+                id(s)
+                for s in live_storages()
+                if id(s) not in known and id(s) not in kept and id(s) not in other
+            }
 
     def _changed_attributes(self) -> tuple[list, str] | None:
         for m, before, after in zip(self.modules, self.plain, plain_attributes(self.modules)):

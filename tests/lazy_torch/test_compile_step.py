@@ -291,3 +291,20 @@ def test_a_module_attribute_the_call_changes_runs_it_op_by_op():
     assert results["lazy"][1] == results["cpu"][1] == 4
     (message,) = results["lazy"][2]
     assert "it changes the attribute Counting.calls" in message
+
+
+def test_a_step_fed_by_a_device_loader_is_captured():
+    """The loader's thread uploads the next batches while the step is captured: those storages
+    are not the call's (before, the capture took them for tensors the call kept elsewhere and
+    ran the step op by op)."""
+    batches = _batches(8)
+    data = torch.utils.data.TensorDataset(
+        torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+    )
+    expected = _run("cpu", OPTIMIZERS["adamw"], batches=batches)
+    before = counter("captures")
+    loader = lazy_torch.DeviceLoader(torch.utils.data.DataLoader(data, batch_size=3), "lazy")
+    got = _run("lazy", OPTIMIZERS["adamw"], batches=loader)
+    assert got["warnings"] == []
+    assert [c - before for c in got["captures"]] == [1] + [2] * 7
+    assert_same(got["losses"], expected["losses"])
