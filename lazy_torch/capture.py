@@ -39,6 +39,7 @@ from lazy_torch import rng as _rng
 from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
 from lazy_torch.dynamo import compile_session
+from lazy_torch.guards import changed_attribute
 from lazy_torch.side_effects import Effects, HostState, grad_fns
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor, dense_meta, fresh
@@ -110,8 +111,6 @@ def _storage_of(role: tuple, tensors: list) -> Any:
         return tensors[role[1]]._lazy.storage
     if kind == "tensor":
         return role[1]._lazy.storage
-    if kind == "path":
-        return step_state.resolve(role[1])._lazy.storage
     return role[1]
 
 
@@ -391,7 +390,7 @@ def capture_call(
         return result, why, watch.synced
     why = host.why
     if why is None and snapshot is not None:
-        why = snapshot.changed() or host.steps.changed_attribute()
+        why = snapshot.changed() or changed_attribute(host.steps.attributes)
     if why is not None:
         return result, why, False
     result, capture = _captured(result, watch, effects, host, snapshot, tensors, owned)

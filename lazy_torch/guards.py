@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import operator
 import struct
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -57,6 +58,22 @@ def plain_value(v: Any) -> tuple:
     """A plain attribute's value, type-exact: its type, and a float by its bits (0.0 and -0.0
     differ, a nan equals itself), as csrc/guards.cpp reads it."""
     return type(v), struct.unpack("q", struct.pack("d", v))[0] if type(v) is float else v
+
+
+def plain_attributes(module: torch.nn.Module) -> dict[str, tuple]:
+    """A module's plain attributes, type-exact (1, 1.0 and True differ)."""
+    return {k: plain_value(v) for k, v in module.__dict__.items() if type(v) in PLAIN}
+
+
+def changed_attribute(snapshots: Iterable[tuple[torch.nn.Module, dict]]) -> str | None:
+    """Why a call cannot be replayed, if a module's plain attributes differ from its
+    ``snapshots`` entry (``plain_attributes`` taken before): a replay would not change them."""
+    for m, before in snapshots:
+        after = plain_attributes(m)
+        if after != before:
+            name = next(k for k in {*before, *after} if before.get(k) != after.get(k))
+            return f"it changes the attribute {type(m).__name__}.{name}"
+    return None
 
 
 def module_guards(tensor_dicts: list, modules: list, attributes: list) -> tuple:

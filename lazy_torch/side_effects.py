@@ -43,13 +43,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lazy_core import live_storages
 from lazy_torch import data, step_state
-from lazy_torch.guards import PLAIN, plain_value
+from lazy_torch.guards import changed_attribute, plain_attributes
 from lazy_torch.tensor import LazyTensor, extension
-
-
-def plain_attributes(modules: list[torch.nn.Module]) -> list[dict[str, tuple]]:
-    """Each submodule's plain attributes, type-exact (1, 1.0 and True differ)."""
-    return [{k: plain_value(v) for k, v in m.__dict__.items() if type(v) in PLAIN} for m in modules]
 
 
 class Effects:
@@ -58,7 +53,7 @@ class Effects:
 
     def __init__(self, modules: list[torch.nn.Module]) -> None:
         self.modules = modules
-        self.plain = plain_attributes(modules)
+        self.plain = [(m, plain_attributes(m)) for m in modules]
 
     def after(
         self, known: set[int], result: list[LazyTensor], grads: list[LazyTensor]
@@ -89,7 +84,8 @@ class Effects:
                     "global or an object other than its submodules), which a replay would not "
                     "update"
                 )
-        return self._changed_attributes() or (writes, None)
+        why = changed_attribute(self.plain)
+        return ([], why) if why is not None else (writes, None)
 
     def _made(self, known: set[int], kept: set[int]) -> set[int]:
         """Storages made by the call and alive, other than ``kept`` (and than the batches a
@@ -101,13 +97,6 @@ class Effects:
                 for s in live_storages()
                 if id(s) not in known and id(s) not in kept and id(s) not in other
             }
-
-    def _changed_attributes(self) -> tuple[list, str] | None:
-        for m, before, after in zip(self.modules, self.plain, plain_attributes(self.modules)):
-            if before != after:
-                name = next(k for k in {*before, *after} if before.get(k) != after.get(k))
-                return [], f"it changes the attribute {type(m).__name__}.{name}"
-        return None
 
 
 def _saved_by_autograd(outputs: list[LazyTensor]) -> dict[int, Any]:

@@ -47,7 +47,7 @@ from torch.optim import optimizer as _optimizer
 
 from lazy_core import scalar_leaf
 from lazy_torch.dispatch import _SCALAR_DTYPES
-from lazy_torch.guards import PLAIN, ModuleSet, plain_value
+from lazy_torch.guards import PLAIN, ModuleSet, plain_attributes, plain_value
 from lazy_torch.tensor import LazyTensor, extension
 
 # The tensors a path names.
@@ -88,22 +88,7 @@ def module_called(module: torch.nn.Module, args: Any) -> None:
         for m in inner:
             if id(m) not in watching.modules:
                 watching.modules[id(m)] = m
-                watching.attributes.append((m, _plain(m)))
-
-
-def _plain(module: torch.nn.Module) -> dict:
-    return {k: plain_value(v) for k, v in module.__dict__.items() if type(v) in PLAIN}
-
-
-def resolve(path: tuple) -> Any:
-    """The tensor ``path`` names now: ``(PARAM, p)``, ``(GRAD, p)`` or ``(STATE, opt, p, key)``."""
-    kind = path[0]
-    if kind == PARAM:
-        return path[1]
-    if kind == GRAD:
-        return path[1].grad
-    state = path[1].state.get(path[2])
-    return None if state is None else state.get(path[3])
+                watching.attributes.append((m, plain_attributes(m)))
 
 
 _LAZY = operator.attrgetter("_lazy")
@@ -116,6 +101,11 @@ _DTYPE = operator.attrgetter("dtype")
 def _state_entry(optimizer: Any, p: Any, key: str) -> Any:
     state = optimizer.state.get(p)
     return None if state is None else state.get(key)
+
+
+def resolve(path: tuple) -> Any:
+    """The tensor ``path`` names now: ``(PARAM, p)``, ``(GRAD, p)`` or ``(STATE, opt, p, key)``."""
+    return _getter(path)()
 
 
 def _getter(path: tuple) -> Any:
@@ -168,20 +158,16 @@ def whole(t: Any) -> bool:
     return type(t) is LazyTensor and t._lazy is t._lazy.storage
 
 
-def _group_guard(group: dict) -> tuple | str:
-    """A param group's entries that a replay does not read again, type-exact, with its
-    parameters' identities; or why it cannot be checked."""
-    values = [tuple(map(id, group["params"]))]
-    for key, v in group.items():
-        if key == "params" or key in _READ and type(v) in (int, float, tuple):
-            continue
-        if type(v) is tuple and all(type(x) in PLAIN for x in v):
-            values.append((key, tuple(map(plain_value, v))))
-        elif type(v) in PLAIN:
-            values.append((key, plain_value(v)))
-        else:
-            return f"its optimizer's param group holds {key} = {type(v).__name__}"
-    return tuple(values)
+def _unreadable(optimizer: Any) -> str | None:
+    """Why a replay could not check the optimizer's param groups: an entry that is no plain
+    value (nor a tuple of them, nor a number a replay reads again); or None."""
+    for group in optimizer.param_groups:
+        for key, v in group.items():
+            if key == "params" or key in _READ and type(v) in (int, float, tuple):
+                continue
+            if type(v) not in PLAIN and not (type(v) is tuple and all(type(x) in PLAIN for x in v)):
+                return f"its optimizer's param group holds {key} = {type(v).__name__}"
+    return None
 
 
 def _form(v: Any) -> tuple:
@@ -193,7 +179,7 @@ def _form(v: Any) -> tuple:
 
 
 def _group_check(group: dict) -> tuple:
-    """What a replay checks of a param group it read at the capture (``_group_guard`` held)."""
+    """What a replay checks of a param group it read at the capture (``_unreadable`` held)."""
     return (
         tuple(map(id, group["params"])),
         tuple((k, _value(v)) for k, v in group.items() if k not in _READ and k != "params"),
@@ -201,20 +187,10 @@ def _group_check(group: dict) -> tuple:
     )
 
 
-def _optimizer_guard(optimizer: Any) -> tuple | str:
-    """An optimizer's param groups and plain attributes as guards, and the size of its state."""
-    groups = []
-    for group in optimizer.param_groups:
-        guard = _group_guard(group)
-        if isinstance(guard, str):
-            return guard
-        groups.append(guard)
-    plain = tuple((k, plain_value(v)) for k, v in vars(optimizer).items() if type(v) in PLAIN)
-    reads = tuple(
-        (key, _form(g[key])) for g in optimizer.param_groups for key in sorted(_READ & g.keys())
-    )
-    size = (len(optimizer.state), sum(map(len, optimizer.state.values())))
-    return (tuple(groups), plain, reads, size)
+def _attributes(optimizer: Any) -> tuple[dict, tuple[int, int]]:
+    """The optimizer's plain attributes, and the size of its state."""
+    plain = {k: plain_value(v) for k, v in vars(optimizer).items() if type(v) in PLAIN}
+    return plain, (len(optimizer.state), sum(map(len, optimizer.state.values())))
 
 
 def _values(optimizer: Any) -> list:
@@ -234,42 +210,35 @@ def _value(v: Any) -> Any:
 
 class Snapshot:
     """Before a call: every lazy leaf tensor requiring grad with its gradient, and every
-    optimizer with its guard."""
+    optimizer with its param groups' values, plain attributes and state size."""
 
     def __init__(self) -> None:
         optimizer = torch.optim.Optimizer
         self.grads: list[tuple[LazyTensor, Any]] = []
-        self.optimizers: list[tuple[Any, Any]] = []
-        self.values: list[list] = []  # per optimizer: its param groups' values
+        self.optimizers: list[tuple[Any, list, tuple]] = []
         for o in gc.get_objects():
             if type(o) is LazyTensor:
                 if o.requires_grad and o.grad_fn is None:
                     self.grads.append((o, o.grad))
             elif issubclass(type(o), optimizer):
-                self.optimizers.append((o, _optimizer_guard(o)))
-                self.values.append(_values(o))
+                self.optimizers.append((o, _values(o), _attributes(o)))
 
     def changed(self) -> str | None:
         """After the call: what it changed in an optimizer that a replay would not redo, or
         ``AGAIN`` where it made optimizer state (its first step)."""
-        for (optimizer, before), values in zip(self.optimizers, self.values):
+        for optimizer, values, (plain, size) in self.optimizers:
+            name = type(optimizer).__name__
             if _values(optimizer) != values:
                 return (
-                    f"it changes its {type(optimizer).__name__}'s param groups (a learning-rate "
-                    "scheduler's step?), which a replay would not; do that outside"
+                    f"it changes its {name}'s param groups (a learning-rate scheduler's step?), "
+                    "which a replay would not; do that outside"
                 )
-            after = _optimizer_guard(optimizer)
-            if isinstance(before, str) or isinstance(after, str):
-                continue  # such an optimizer is refused if it steps (Steps.begin)
+            plain_after, size_after = _attributes(optimizer)
             # Optimizer state made, or a flag set (``_opt_called``): once, at a first step.
-            added = set(after[1]) > set(before[1])
-            if after[3] != before[3] or after[0] == before[0] and after[2] == before[2] and added:
+            if size_after != size or plain_after.items() > plain.items():
                 return AGAIN
-            if after[:3] != before[:3]:
-                return (
-                    f"it changes its {type(optimizer).__name__}'s attributes, which a replay "
-                    "would not"
-                )
+            if plain_after != plain:
+                return f"it changes its {name}'s attributes, which a replay would not"
         return None
 
 
@@ -296,17 +265,6 @@ class Steps:
         self._groups: dict[int, dict] = {}
         self._recorded = 0
 
-    def changed_attribute(self) -> str | None:
-        """After the call: a plain attribute of a module it called that changed after that
-        module was first called (``self.calls += 1`` in a forward), which a replay would not
-        change; or None."""
-        for m, before in self.attributes:
-            after = _plain(m)
-            if after != before:
-                name = next(k for k in {*before, *after} if before.get(k) != after.get(k))
-                return f"it changes the attribute {type(m).__name__}.{name}"
-        return None
-
     def begin(self, optimizer: Any) -> None:
         if self.why is not None:
             return
@@ -323,8 +281,8 @@ class Steps:
             or len(_optimizer._global_optimizer_post_hooks) > 1
         ):
             self.why = f"its {name} has step hooks, which a replay would not call"
-        elif isinstance(_optimizer_guard(optimizer), str):
-            self.why = _optimizer_guard(optimizer)
+        else:
+            self.why = _unreadable(optimizer)
         if self.why is None:
             self.current, self._recorded = optimizer, 0
             self._groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
