@@ -3,11 +3,17 @@
 Calling an XLA executable takes milliseconds of host time with the GIL released: the runtime's
 dispatch of its kernels on a GPU (about 2 ms for a GPT-2 124M step on an H100). Called from the
 thread that traces, that time is taken from tracing the next step. So launches go to one thread,
-in order, and an asynchronous barrier (``mark_step``) returns as soon as its launch is queued: its
+in order, and an asynchronous barrier (``mark_step``) returns as soon as its call has begun: its
 results are ``Deferred`` until the call returns, and whatever reads them (a later launch, a
-transfer to the host) waits for that. A launch that fails raises its error wherever one of its
-results is read, and at the next barrier (``check_errors``). Unthreaded (the CPU platform), a
-launch is the call itself, made at once.
+transfer to the host) waits for that.
+
+The barrier waits for the call to begin because the launch thread needs the GIL to begin it, and a
+tracing thread does not give it up: each of its many short releases (PyTorch's, ours) restarts the
+interpreter's wait before it forces a switch, so a queued launch waited until tracing stopped.
+On an H200 (GPT-2 124M bf16, the whole step compiled, twenty steps back to back after a wait:
+``benchmarks/launch_timeline.py``), the call of the first step began 51 ms after it was queued,
+after the tracing of step 13, while the device idled. Once the call has begun, the tracing thread
+goes on while the call runs with the GIL released.
 """
 
 from __future__ import annotations
@@ -24,19 +30,22 @@ from typing import Any
 class Launch:
     """One executable call, queued or done: its outputs, or the error it raised."""
 
-    __slots__ = ("_finished", "_running", "error", "outputs", "seconds")
+    __slots__ = ("_finished", "_queued", "_running", "error", "outputs", "seconds")
 
     def __init__(self) -> None:
         # Held from here until the call returns: waiting is taking it (an Event's condition
         # variable costs microseconds to make, and a launch is made every step).
         self._running = threading.Lock()
         self._running.acquire()
+        self._queued = threading.Lock()  # held from here until the call begins
+        self._queued.acquire()
         self._finished = False
         self.outputs: tuple = ()
         self.error: BaseException | None = None
         self.seconds = 0.0  # how long the call took
 
     def run(self, call: Callable[[], tuple]) -> None:
+        self._queued.release()
         start = time.perf_counter()
         try:
             self.outputs = call()
@@ -127,6 +136,8 @@ class Launcher:
                 self._thread.start()
             self._last = launch
             self._queue.put((launch, call))
+        with launch._queued:  # gives the launch thread the GIL (the module's docstring)
+            pass
         return launch, [Deferred(launch, i) for i in range(n_outputs)]
 
     def drain(self) -> None:

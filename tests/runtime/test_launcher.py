@@ -20,16 +20,26 @@ def test_launches_run_in_order_on_their_own_thread_and_results_wait_for_them():
     gate, seen = threading.Event(), []
 
     def first():
-        gate.wait()
         seen.append(("first", threading.current_thread().name))
+        gate.wait()
         return ("a", "b")
 
-    _, (a, b) = launcher.submit(first, 2)
-    two, (c,) = launcher.submit(lambda: seen.append("second") or ("c",), 1)
-    assert type(a) is Deferred and not is_ready(a) and not two.done()
+    one, (a, b) = launcher.submit(first, 2)
+    # submit returns once the call has begun (the GIL hand-off), not once it has returned
+    assert seen == [("first", "lazy-launch")]
+    assert type(a) is Deferred and not is_ready(a) and not one.done()
+    queued: list = []
+    second = threading.Thread(
+        target=lambda: queued.append(launcher.submit(lambda: seen.append("second") or ("c",), 1))
+    )
+    second.start()
+    second.join(0.2)
+    assert second.is_alive() and seen == [("first", "lazy-launch")]  # waits for its turn
     gate.set()
+    second.join()
+    (two, (c,)) = queued[0]
     assert resolve(c) == "c" and (resolve(a), resolve(b)) == ("a", "b")
-    assert seen == [("first", "lazy-launch"), "second"]
+    assert seen == [("first", "lazy-launch"), "second"] and one.done() and two.done()
     launcher.stop()
 
 
