@@ -9,11 +9,9 @@ transfer to the host) waits for that.
 
 The barrier waits for the call to begin because the launch thread needs the GIL to begin it, and a
 tracing thread does not give it up: each of its many short releases (PyTorch's, ours) restarts the
-interpreter's wait before it forces a switch, so a queued launch waited until tracing stopped.
-On an H200 (GPT-2 124M bf16, the whole step compiled, twenty steps back to back after a wait:
-``benchmarks/launch_timeline.py``), the call of the first step began 51 ms after it was queued,
-after the tracing of step 13, while the device idled. Once the call has begun, the tracing thread
-goes on while the call runs with the GIL released.
+interpreter's wait before it forces a switch, so a queued call began only once tracing stopped,
+while the device idled (``benchmarks/launch_timeline.py`` shows each step's timeline). Once the
+call has begun, the tracing thread goes on while the call runs with the GIL released.
 """
 
 from __future__ import annotations
