@@ -185,7 +185,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--amp", action="store_true", help="autocast to bfloat16")
     parser.add_argument(
-        "--gc-freeze", action="store_true", help="gc.freeze() after warm-up (README: host time)"
+        "--gc-freeze", action="store_true", help="gc.freeze() after warm-up (docs/training.md)"
     )
     parser.add_argument("--eager", help="also run the step on eager PyTorch on this device")
     parser.add_argument(

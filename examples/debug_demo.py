@@ -1,4 +1,4 @@
-"""A loop with two classic lazy-tensor mistakes, for the README's debugging section.
+"""A loop with two classic lazy-tensor mistakes, for docs/debugging.md.
 
 LAZY_DEBUG=1 python examples/debug_demo.py
 
