@@ -23,6 +23,13 @@ if config.GPU_ASYNC_LAUNCH:
     os.environ.setdefault("XLA_PYTHON_CLIENT_USE_TFRT_GPU_CLIENT", "1")
 
 
+def x64() -> Any:
+    """JAX's 64-bit mode, in this thread, for a ``with`` block: the runtime lowers, compiles,
+    transfers and calls executables in it, so the IR's int64 and float64 stay 64-bit while a
+    user's own JAX code keeps its own mode (``import lazy_torch`` changes no setting of JAX's)."""
+    return jax.enable_x64(True)
+
+
 @cache
 def devices() -> tuple[Any, ...]:
     """The JAX devices of the configured platform; ``lazy:N`` is the N-th."""
@@ -60,7 +67,8 @@ def to_device(array: np.ndarray, index: int, dtype: str | None = None) -> jax.Ar
     # The host array usually shares a framework tensor's memory, which the caller may overwrite
     # as soon as this returns (a reused batch buffer). JAX may alias such an array on the CPU
     # platform (even with may_alias=False) or read it after returning, so it gets its own copy.
-    out = jax.device_put(np.array(array, copy=True), device(index))
+    with x64():
+        out = jax.device_put(np.array(array, copy=True), device(index))
     metrics.count("transfers_to_device")
     metrics.time("transfer_to_device_time", time.perf_counter() - start)
     metrics.size("transfer_to_device_bytes", array.nbytes)

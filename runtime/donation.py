@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax
 
 from lazy_core.graph import Graph
-from runtime.device import device
+from runtime.device import device, x64
 from runtime.launcher import failed
 
 Slot = tuple[tuple[int, ...], str]  # (shape, dtype)
@@ -247,4 +247,5 @@ def _slot(node: Any) -> Slot:
 def blank(slot: Slot, device_index: int) -> jax.Array:
     """A new buffer of ``slot`` on the device, for a spare argument no dead output fills."""
     shape, dtype = slot
-    return jax.numpy.zeros(shape, jax.numpy.dtype(dtype), device=device(device_index))
+    with x64():
+        return jax.numpy.zeros(shape, jax.numpy.dtype(dtype), device=device(device_index))

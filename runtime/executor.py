@@ -22,7 +22,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from lazy_core.dump import ir_text
 from lazy_core.graph import Graph, key_text
 from runtime import config, history, interpret, metrics
-from runtime.device import device, platform_of
+from runtime.device import device, platform_of, x64
 from runtime.donation import Donations
 from runtime.launcher import Launch, Launcher, failed, is_ready, resolve
 from runtime.program import ParamLayout, build_function
@@ -129,7 +129,8 @@ def _param_specs(
 
 def lower(graph: Graph, device_index: int, donate: tuple[int, ...] = ()) -> Any:
     """``jax.stages.Lowered`` of the graph (its StableHLO is ``.as_text()``)."""
-    return _lower(graph, graph.plan(), _layout(graph), device_index, donate)[0]
+    with x64():
+        return _lower(graph, graph.plan(), _layout(graph), device_index, donate)[0]
 
 
 def _lower(
@@ -273,6 +274,20 @@ def run_graph(
     an integer division by zero) before returning, so the caller keeps every previous value; with
     ``defer_checks`` it returns without waiting and ``check_errors`` raises the error later.
     """
+    with x64():  # the IR's 64-bit types; the user's JAX keeps its mode (device.x64)
+        return _run_graph(graph, device_index, donate, cause, defer_checks, site, partners, held)
+
+
+def _run_graph(
+    graph: Graph,
+    device_index: int,
+    donate: tuple[int, ...],
+    cause: str,
+    defer_checks: bool,
+    site: str,
+    partners: dict[int, int] | None,
+    held: set[int] | None,
+) -> tuple[jax.Array, ...]:
     if not graph.params:
         found = _constant_results.get(graph.key)
         if found is not None and failed(found[0]):
@@ -426,7 +441,8 @@ def _execute(exe: Executable, values: list, graph: Graph) -> tuple:
     """Call ``exe`` (on the launch thread): its roots, in root order, then its check rows."""
     start = time.perf_counter()
     try:
-        *outputs, checks = exe.compiled(*[resolve(v) for v in values])
+        with x64():  # this thread's own mode: packed int64 and float64 scalars stay 64-bit
+            *outputs, checks = exe.compiled(*[resolve(v) for v in values])
     except GraphError:
         raise  # an earlier launch's, read from its result
     except Exception as e:
