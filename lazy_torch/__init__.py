@@ -24,18 +24,17 @@ from lazy_torch import (  # noqa: F401
     meta_kernels,
     metrics,
     ops,
+    optim_support,
     scalar_checks,
     serialization,
 )
 from lazy_torch.compiled import compile
 from lazy_torch.data import DeviceLoader, to_device
-from lazy_torch.foreach import declare_foreach_support
 from lazy_torch.rng import manual_seed
 from lazy_torch.sync import mark_step
 from lazy_torch.tensor import LazyTensor
 
-declare_foreach_support()
-fused.declare_fused_support()
+optim_support.install()
 device_module.register()
 scalar_checks.install()  # last: it wraps the handlers the modules above registered
 

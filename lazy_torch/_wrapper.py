@@ -17,7 +17,7 @@ layer's autograd node.
 
 It compiles against the installed torch's headers and libraries, and
 ``pip install -e .`` builds in an isolated environment without torch, so it is built here instead:
-the first time a given torch, Python and source meet, in about 30 s, into a cache directory
+the first time a given torch, Python and source meet, in 30-60 s, into a cache directory
 (``$LAZY_EXTENSION_DIR``, else ``$XDG_CACHE_HOME/lazy_torch`` or ``~/.cache/lazy_torch``), under a
 file lock so that parallel processes build it once. A failed build leaves its compiler output
 beside it and is not retried for the same key; then, as with ``LAZY_NATIVE=0``, PyTorch's own

@@ -13,13 +13,11 @@ Python function). Either way nothing goes through the C++ dispatcher per element
 from __future__ import annotations
 
 import functools
-import importlib
 import itertools
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils import _foreach_utils
 
 import runtime
 from lazy_torch import scalar_checks
@@ -190,33 +188,3 @@ def _numbers(values: list, roles: list[str], numeric: list[int]) -> list:
         else:
             found.append(v)
     return found
-
-
-def add_lazy(name: str, modules: tuple) -> None:
-    """Make each module's ``name`` (a function listing supported device types, which has no
-    registration hook) list ``lazy`` too."""
-    for module in modules:
-        devices = getattr(module, name)
-        if "lazy" in devices():
-            continue
-
-        def supported(devices: Callable[[], list[str]] = devices) -> list[str]:
-            return [*devices(), "lazy"]
-
-        supported.__doc__ = devices.__doc__
-        setattr(module, name, supported)
-
-
-def declare_foreach_support() -> None:
-    """Make PyTorch's optimizers default to their foreach path on lazy tensors, as on CUDA.
-
-    They check the tensor type against ``_foreach_supported_types`` (the list DTensor registers
-    itself in) and the device type against ``_get_foreach_kernels_supported_devices``, in each
-    module that imported it.
-    """
-    optimizer = importlib.import_module("torch.optim.optimizer")
-    swa_utils = importlib.import_module("torch.optim.swa_utils")
-    for types in (_foreach_utils._foreach_supported_types, optimizer._foreach_supported_types):
-        if LazyTensor not in types:
-            types.append(LazyTensor)
-    add_lazy("_get_foreach_kernels_supported_devices", (_foreach_utils, optimizer, swa_utils))

@@ -12,29 +12,23 @@ GradScaler's ops stay on the device too, so a float16 training step with a scale
 PyTorch's default for these optimizers on lazy parameters is their foreach path, one foreach call
 per arithmetic step. Where the fused step computes the same (float32 and float64 parameters: in
 reduced precision each foreach op rounds its result), that call runs as the fused step instead
-(``declare_fused_support``; ``LAZY_FUSE_FOREACH_STEPS=0`` turns it off). Per-element work is the
-host's cost of an optimizer step: eight foreach calls over AdamW's lists took 1.9 ms of a tiny
+(``lazy_torch/optim_support.py`` routes it there; ``LAZY_FUSE_FOREACH_STEPS=0`` turns it off).
+Per-element work is the host's cost of an optimizer step: eight foreach calls over AdamW's lists took 1.9 ms of a tiny
 GPT-2's 4.8 ms ``opt.step()`` on a 2-core CPU, where recording the fused step takes 0.4 and the
 whole ``opt.step()`` 2.5; on an H100's host, GPT-2 124M's took 3.1-3.8 ms against 9.4-9.6.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils import _foreach_utils
 
-import runtime
 from lazy_core import scalar_leaf
 from lazy_torch import step_state
 from lazy_torch._dtypes import dtype_name
 from lazy_torch.dispatch import bound_arguments, record_update, special
-from lazy_torch.foreach import add_lazy
 from lazy_torch.tensor import LazyTensor, extension
 
 aten = torch.ops.aten
@@ -185,7 +179,7 @@ def _shared_leaves(keys: list, leaf: Callable[[Any], Any]) -> list:
     return [made[k] for k in keys]
 
 
-def _adam_step(b: dict) -> bool:
+def adam_step(b: dict) -> bool:
     """A foreach Adam or AdamW call as one ``fused_adam`` node; False where it does not fit."""
     lists = [b["grads"], b["exp_avgs"], b["exp_avg_sqs"]]
     if b["amsgrad"]:
@@ -209,7 +203,7 @@ def _adam_step(b: dict) -> bool:
     return True
 
 
-def _sgd_step(b: dict) -> bool:
+def sgd_step(b: dict) -> bool:
     """A foreach SGD call as one ``fused_sgd`` node; False where it does not fit."""
     grads, buffers = b["grads"], b["momentum_buffer_list"]
     first = b["momentum"] != 0 and all(t is None for t in buffers)
@@ -230,81 +224,3 @@ def _sgd_step(b: dict) -> bool:
     args = (b["params"], grads, buffers if b["momentum"] != 0 else [])
     _fused_sgd(aten._fused_sgd_.default, args, {**kwargs, "is_first_step": first})
     return True
-
-
-# Module, foreach function, the function that runs a call of it as the fused step, and the
-# arguments that function reads.
-_ROUTES = (
-    (
-        "torch.optim.adam",
-        "_multi_tensor_adam",
-        _adam_step,
-        (
-            "params grads exp_avgs exp_avg_sqs max_exp_avg_sqs state_steps grad_scale found_inf "
-            "amsgrad has_complex beta1 beta2 lr weight_decay eps maximize capturable "
-            "differentiable decoupled_weight_decay"
-        ),
-    ),
-    (
-        "torch.optim.sgd",
-        "_multi_tensor_sgd",
-        _sgd_step,
-        (
-            "params grads momentum_buffer_list grad_scale found_inf weight_decay momentum lr "
-            "dampening nesterov maximize has_sparse_grad"
-        ),
-    ),
-)
-
-
-def _binder(function: Callable) -> Callable[[tuple, dict], dict | None]:
-    """What ``inspect.signature(function).bind`` and ``apply_defaults`` give, as a dict of the
-    arguments by name (None for a call that does not bind); inspect's took 2% of a small step."""
-    parameters = inspect.signature(function).parameters.values()
-    positional = tuple(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)
-    defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
-    names = {p.name for p in parameters}
-
-    def bind(args: tuple, kwargs: dict) -> dict | None:
-        given = positional[: len(args)]
-        if len(args) > len(positional) or any(name in kwargs for name in given):
-            return None
-        bound = {**defaults, **dict(zip(given, args)), **kwargs}
-        return bound if len(bound) == len(names) and names.issuperset(kwargs) else None
-
-    return bind
-
-
-def _routed(original: Callable, step: Callable[[dict], bool]) -> Callable:
-    bind = _binder(original)
-
-    @functools.wraps(original)
-    def routed(*args: Any, **kwargs: Any) -> None:
-        # Other tensors' calls (CUDA ones in a torch.compile'd step too) go straight through;
-        # so does a call that does not bind, for the original to raise its error.
-        params = args[0] if args else kwargs.get("params")
-        if params and type(params[0]) is LazyTensor and runtime.config.FUSE_FOREACH_STEPS:
-            bound = bind(args, kwargs)
-            if bound is not None and step(bound):
-                return
-        original(*args, **kwargs)
-
-    routed.lazy_original = original  # type: ignore[attr-defined]
-    return routed
-
-
-def declare_fused_support() -> None:
-    """Let ``fused=True`` optimizers (Adam, AdamW, SGD) take lazy parameters, as they take CUDA
-    ones (they check ``_get_fused_kernels_supported_devices``), and make the foreach functions of
-    PyTorch's Adam (AdamW's too) and SGD run a call over lazy parameters as the fused step; other
-    calls run the foreach path as before, and so does every call where this PyTorch's function
-    lacks an argument the fused step reads."""
-    optimizer = importlib.import_module("torch.optim.optimizer")
-    add_lazy("_get_fused_kernels_supported_devices", (_foreach_utils, optimizer))
-    for module_name, name, step, reads in _ROUTES:
-        module = importlib.import_module(module_name)
-        original = getattr(module, name)
-        if hasattr(original, "lazy_original"):
-            continue
-        if set(reads.split()) <= set(inspect.signature(original).parameters):
-            setattr(module, name, _routed(original, step))

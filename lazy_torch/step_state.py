@@ -247,7 +247,7 @@ AGAIN = "it makes optimizer state"  # not captured this time; the next call is
 
 class Steps:
     """Watches the optimizer steps of one call: HostState's hooks call ``begin`` and ``end``
-    around each, fused.py's routes call ``read_scalars`` and ``counted`` as they record a fused step
+    around each, fused.py's steps call ``read_scalars`` and ``counted`` as they record a fused step
     inside one. ``why`` says what a replay could not redo, or is None."""
 
     def __init__(self) -> None:
