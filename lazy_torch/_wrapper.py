@@ -3,8 +3,8 @@ layer's autograd node.
 
 - ``make_wrapper`` (``csrc/wrapper.cpp``) is ``torch.Tensor._make_wrapper_subclass`` for lazy
   tensors. Every op on a lazy tensor makes one or more wrapper tensors, and PyTorch's version
-  spends most of its time (about 0.8 of 1.05 µs on this project's CPU) in its general argument
-  parser; this one reads exactly the arguments lazy_torch passes.
+  spends most of its time in its general argument parser (figures: benchmarks/RESULTS.md, "Host
+  time per op"); this one reads exactly the arguments lazy_torch passes.
 - ``set_detach`` (``csrc/wrapper.cpp``): the wrappers' TensorImpl calls the class's
   ``__torch_dispatch__`` with ``aten.detach`` itself when autograd detaches a lazy tensor (saving
   an output, unpacking it), where PyTorch's route imports torch and looks the op up on each call.

@@ -42,7 +42,7 @@ _POLICIES = {
     "addr matmul einsum mm mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul "
     "linalg_multi_dot _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell "
     "rnn_relu_cell _scaled_dot_product_flash_attention scaled_dot_product_attention "
-    "_cudnn_rnn",  # in CUDA builds of torch only (the H100's 2.11 has it; the CPU wheel not)
+    "_cudnn_rnn",  # CUDA builds of torch have it; the CPU wheel does not
     # Run in float32: ops whose range or accumulation suffers in 16 bits (``norm`` appends
     # dtype=float32 in CUDA's version, which computes the same as casting its input).
     _F32: "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow "

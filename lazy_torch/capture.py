@@ -375,8 +375,9 @@ def capture_call(
     With ``session``, the call runs in a compile session (``torch.compiler.is_compiling()``
     True), where libraries take their traceable paths: transformers then builds its attention
     mask instead of syncing on ``attention_mask.all()`` to see whether it may skip it. Only
-    after a call synced: the mask it builds makes attention slower (GPT-2 124M's inference on
-    an H200 took 6.2 ms instead of 4.2 in the device)."""
+    after a call synced: the mask it builds makes attention slower than sdpa's ``is_causal``
+    path, which a model that never syncs keeps (figures: benchmarks/RESULTS.md, "Capture and
+    replay")."""
     flat_in, _ = pytree.tree_flatten((args, kwargs))
     tensors = [t for t in flat_in if isinstance(t, LazyTensor)]
     watch = _Watch(device)

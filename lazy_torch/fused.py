@@ -13,9 +13,9 @@ PyTorch's default for these optimizers on lazy parameters is their foreach path,
 per arithmetic step. Where the fused step computes the same (float32 and float64 parameters: in
 reduced precision each foreach op rounds its result), that call runs as the fused step instead
 (``lazy_torch/optim_support.py`` routes it there; ``LAZY_FUSE_FOREACH_STEPS=0`` turns it off).
-Per-element work is the host's cost of an optimizer step: eight foreach calls over AdamW's lists took 1.9 ms of a tiny
-GPT-2's 4.8 ms ``opt.step()`` on a 2-core CPU, where recording the fused step takes 0.4 and the
-whole ``opt.step()`` 2.5; on an H100's host, GPT-2 124M's took 3.1-3.8 ms against 9.4-9.6.
+Per-element work is the host's cost of an optimizer step: AdamW's eight foreach calls over its
+lists take a large share of ``opt.step()``'s host time, and recording the one fused step a small
+part of it (figures: benchmarks/RESULTS.md, "Optimizer steps").
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ _ROUTES = (
 
 def _binder(function: Callable) -> Callable[[tuple, dict], dict | None]:
     """What ``inspect.signature(function).bind`` and ``apply_defaults`` give, as a dict of the
-    arguments by name (None for a call that does not bind); inspect's took 2% of a small step."""
+    arguments by name (None for a call that does not bind); inspect's made a small step measurably
+    slower (figures: benchmarks/RESULTS.md, "Optimizer steps")."""
     parameters = inspect.signature(function).parameters.values()
     positional = tuple(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)
     defaults = {p.name: p.default for p in parameters if p.default is not p.empty}

@@ -29,9 +29,9 @@ besides make its replay compute what the call would:
   captured, and the next call is.
 
 Which tensors are parameters and which are optimizers is found once per capture, by a scan of
-the heap for lazy leaf tensors requiring grad and for optimizers (``Snapshot``, about 0.1 s
-beside a capture's seconds of compiling): their gradients and param groups before the call
-are what a replay's checks compare against.
+the heap for lazy leaf tensors requiring grad and for optimizers (``Snapshot``, cheap beside a
+capture's compiling; figures: benchmarks/RESULTS.md, "Capture and replay"): their gradients and
+param groups before the call are what a replay's checks compare against.
 """
 
 from __future__ import annotations

@@ -157,12 +157,12 @@ _POWERS_WITHOUT_POW: tuple[tuple[float, Callable[[Any], Any]], ...] = (
 @lowering("aten.pow.Tensor_Scalar")
 def _pow_scalar(ctx, base, exponent):
     """A Python-number exponent is a graph parameter, whose value the program reads at run time.
-    XLA CPU's power of a runtime exponent is a scalar libm call per element (GPT-2's gelu_new,
-    x ** 3.0 over 8x128x1024 floats: 13.3 ms against 0.75 for x * x * x), so on the CPU the
-    program picks eager's computation for the exponent by its value, with a conditional on the
-    scalar (it splits the fusion around it: 1.5 ms for that gelu_new against 0.7 fused). Elsewhere
-    the power stays: GPUs compute it at memory speed (GPT-2 inference on an H200 was even with
-    JAX's x * x * x), and there a conditional would wait for its predicate on the host."""
+    XLA CPU's power of a runtime exponent is a scalar libm call per element, many times slower
+    than eager's multiplications, so on the CPU the program picks eager's computation for the
+    exponent by its value, with a conditional on the scalar (it splits the fusion around it, which
+    costs far less than the power). Elsewhere the power stays: GPUs compute it at memory speed, and
+    there a conditional would wait for its predicate on the host (figures: benchmarks/RESULTS.md,
+    "pow with a scalar exponent")."""
     b, e = _operands(ctx, base, exponent)
     constant = isinstance(exponent, (bool, int, float, complex))  # 0 and 1: XLA simplifies them
     if ctx.platform != "cpu" or constant or not jnp.issubdtype(b.dtype, jnp.floating):

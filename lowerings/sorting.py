@@ -18,7 +18,8 @@ from lowerings.registry import LoweringContext, lowering
 # choice among equal elements to the implementation: eager CPU's comes from libstdc++'s introsort
 # and introselect and TH's quickselect, CUDA's from its own kernels. Every lowering here follows
 # the stable order (equal elements in index order) of one XLA sort or top_k: replaying eager's
-# C++ algorithms exactly took 3-15 s of XLA compile time per graph on a CPU.
+# C++ algorithms exactly, in while loops, took far more XLA compile time per graph (figures:
+# benchmarks/RESULTS.md, "Sorting compile time").
 
 _POS = jnp.int32  # positions inside one row
 _CPU_ACC = {
@@ -31,7 +32,7 @@ _CPU_ACC = {
 
 # --- layout ----------------------------------------------------------------------------------
 # Everything works along the op's own axis: transposes around an XLA sort cost more compile time
-# than the sort itself (150-300 ms against 40 for an 8x1024 sort on a CPU).
+# than the sort itself (figures: benchmarks/RESULTS.md, "Sorting compile time").
 
 
 def _axis(x: Any, dim: int) -> tuple[jax.Array, int]:

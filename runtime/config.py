@@ -35,13 +35,13 @@ NATIVE: bool = _flag("LAZY_NATIVE", default=True)
 EXTENSION_DIR: str = os.environ.get("LAZY_EXTENSION_DIR", "").strip()
 # On GPUs, ask JAX's CUDA plugin for its TFRT client, which launches an executable's kernels from a
 # thread of its own (device.py). Off by default: executables are called from the launch thread
-# (launcher.py), and with the TFRT client the tracing thread ran slower (H100, GPT-2 124M bf16,
-# four processes: tracing 48.2 and 49.6 ms a step against 34.8 and 39.1 with JAX's default).
+# (launcher.py), and with the TFRT client the tracing thread ran slower (figures:
+# benchmarks/RESULTS.md, "Launch thread").
 GPU_ASYNC_LAUNCH: bool = _flag("LAZY_GPU_ASYNC_LAUNCH", default=False)
 # Call executables from a thread of their own (launcher.py), so that an asynchronous barrier
 # returns before the call does: 1 or 0; unset means on for GPUs and TPUs and off on the CPU
-# platform, where the call runs the program itself on the host's cores (a 2-core MLP step took
-# 2.63 ms with the thread against 1.72 without).
+# platform, where the call runs the program itself on the host's cores and a thread only adds
+# handoffs (figures: benchmarks/RESULTS.md, "Launch thread").
 LAUNCH_THREAD: bool | None = _flag("LAZY_LAUNCH_THREAD", default=None)
 # Run the foreach steps of PyTorch's Adam, AdamW and SGD (their default on lazy parameters) as their
 # fused step, one node per call, where it computes the same (float32 and float64 parameters):
@@ -53,8 +53,8 @@ FUSE_FOREACH_STEPS: bool = _flag("LAZY_FUSE_FOREACH_STEPS", default=True)
 FUSE_LINEAR: bool = _flag("LAZY_FUSE_LINEAR", default=True)
 # Time two consecutive executions on the device in every this many launches, for the metric
 # execute_time (runtime/executor.py); 1 times every one. Each timed execution wakes a thread that
-# takes the GIL from tracing: timing every execution cost about a tenth of a 2-core CPU's MLP step
-# (1.40x JAX's step time against 1.27x untimed, ten alternating rounds in one process).
+# takes the GIL from tracing: timing every execution made a small CPU training step measurably
+# slower (figures: benchmarks/RESULTS.md, "Execution timing").
 TIME_EXECUTIONS: int = max(1, int(os.environ.get("LAZY_TIME_EXECUTIONS", "8").strip() or 8))
 # The most compiled executables kept in memory (least recently used ones go first; a later use
 # compiles again). On the CPU platform each holds memory mappings of JIT code: 3 for an add, over

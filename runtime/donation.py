@@ -7,10 +7,11 @@ so the output of the same shape and dtype is written into it instead of a new al
 
 Spares keep a training loop's outputs in the same buffers step after step. That is what lets
 XLA's GPU runtime replay its command buffer (a CUDA graph of the whole step) without re-recording
-the kernels that write or read a moved buffer: on an H200, GPT-2 124M's step re-recorded 151
-changed allocations in 3.4-5.4 ms a call, against one allocation and 0.4-0.9 ms for the same
-step written in JAX, whose loop donates everything it replaces. A dead output is kept from its
-barrier until the next one, where it is reused or released.
+the kernels that write or read a moved buffer, as it replays the same step written in JAX, whose
+loop donates everything it replaces; without spares, every call re-records the step's many
+changed allocations, which costs host time on each call (figures: benchmarks/RESULTS.md, "Spare
+buffers"). A dead output is kept from its barrier until the next one, where it is reused or
+released.
 """
 
 from __future__ import annotations

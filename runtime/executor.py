@@ -479,12 +479,12 @@ class _ExecutionTimer:
     output nobody else holds, so donation never races with the wait) and records the time from
     its dispatch, or from the end of the previous one, to its end.
 
-    Each wake of that thread takes the GIL from the tracing thread: timing every execution cost a
-    2-core CPU's MLP step about a tenth of its time (config.py). So it times two
-    consecutive executions in every ``config.TIME_EXECUTIONS`` launches, and every one while
-    anything listens to graph events. An execution is recorded only when its start is known: the
-    previous launch was timed too, or had finished when this one was dispatched; back to back,
-    that is the second of each pair."""
+    Each wake of that thread takes the GIL from the tracing thread: timing every execution made a
+    small CPU training step measurably slower (figures: benchmarks/RESULTS.md, "Execution timing").
+    So it times two consecutive executions in every ``config.TIME_EXECUTIONS`` launches, and every
+    one while anything listens to graph events. An execution is recorded only when its start is
+    known: the previous launch was timed too, or had finished when this one was dispatched; back to
+    back, that is the second of each pair."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue = queue.Queue()

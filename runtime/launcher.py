@@ -1,11 +1,11 @@
 """The launch thread: executables are called from a thread of their own, off the tracing thread.
 
 Calling an XLA executable takes milliseconds of host time with the GIL released: the runtime's
-dispatch of its kernels on a GPU (about 2 ms for a GPT-2 124M step on an H100). Called from the
-thread that traces, that time is taken from tracing the next step. So launches go to one thread,
-in order, and an asynchronous barrier (``mark_step``) returns as soon as its call has begun: its
-results are ``Deferred`` until the call returns, and whatever reads them (a later launch, a
-transfer to the host) waits for that.
+dispatch of its kernels on a GPU (figures: benchmarks/RESULTS.md, "Launch thread"). Called from the
+thread that traces, that time is taken from tracing the next step. So launches go to one thread, in
+order, and an asynchronous barrier (``mark_step``) returns as soon as its call has begun: its
+results are ``Deferred`` until the call returns, and whatever reads them (a later launch, a transfer
+to the host) waits for that.
 
 The barrier waits for the call to begin because the launch thread needs the GIL to begin it, and a
 tracing thread does not give it up: each of its many short releases (PyTorch's, ours) restarts the

@@ -1,6 +1,7 @@
 // The module guards of lazy_torch.compile (capture.py's _Compiled._module_guards), in C++: they
 // are read on every call of a compiled module, and in Python their loops over GPT-2's 164
-// submodules and 149 parameters took about 130 us of a call.
+// submodules and 149 parameters took several times as long (figures: benchmarks/RESULTS.md,
+// "Capture and replay").
 //
 // module_guards(tensor_dicts, modules, attributes) returns three tuples:
 // - each submodule's ``training`` (``modules``, a list);

@@ -7,8 +7,8 @@
 // TorchFunctionMode (which would observe the adds). It computes what
 // ``torch._foreach_add_(steps, 1)`` and ``[s.item() for s in steps]`` compute, bumping each
 // tensor's version as ``add_`` does. PyTorch's foreach add has no CPU kernel: it dispatches
-// ``add_`` once a tensor, about 1.5 µs each, and ``item`` another, which for GPT-2's 148
-// parameters took 0.6-0.9 ms of a step's host time.
+// ``add_`` once a tensor and ``item`` another, a measurable part of a step's host time for
+// GPT-2's 148 parameters (figures: benchmarks/RESULTS.md, "Optimizer steps").
 
 #include <Python.h>
 

@@ -12,8 +12,9 @@
 // autograd calls to save an output, to unpack it in the backward, and for .data) calls
 // ``dispatch(func, (cls,), (self,), {})``: the class's __torch_dispatch__ with aten.detach.
 // PyTorch's own route there imports torch and looks up torch.ops.aten.detach.default for each
-// call, about 4 µs of the 6 a saved output cost; under a TorchDispatchMode, with the Python key
-// excluded or before set_detach, LazyImpl does what TensorImpl does.
+// call, most of what a saved output cost (figures: benchmarks/RESULTS.md, "Host time per op");
+// under a TorchDispatchMode, with the Python key excluded or before set_detach, LazyImpl does what
+// TensorImpl does.
 
 #include <Python.h>
 
