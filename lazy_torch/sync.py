@@ -126,6 +126,7 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
         settle(group, graph.roots, outputs)
         if leaves is not None:
             rebase(extra[device], leaves)
+    runtime.raise_interrupt()  # a Ctrl-C during a launch's hand-over, now that nothing is lost
 
 
 def mark_step(wait: bool = False) -> None:

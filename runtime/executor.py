@@ -540,6 +540,14 @@ _timer = _ExecutionTimer()
 _unchecked: list[tuple[jax.Array, list]] = []
 
 
+def raise_interrupt() -> None:
+    """Raise the interrupt (Ctrl-C) that came while a launch was handed over, if one did: the
+    caller has given the launch's results to their storages (launcher.Launcher._hand_over)."""
+    interrupted = _launcher.take_interrupt()
+    if interrupted is not None:
+        raise interrupted
+
+
 def check_errors(wait: bool = True) -> None:
     """Raise the first error an asynchronous step reported: a failed launch, or a runtime check
     (out-of-range index, division by zero). Each is raised once.

@@ -117,6 +117,7 @@ class Launcher:
         self._thread: threading.Thread | None = None
         self._last: Launch | None = None
         self._lock = threading.Lock()
+        self.interrupted: KeyboardInterrupt | None = None  # see _hand_over
         atexit.register(self.stop)
         # A forked child has no launch thread, whatever its parent had: it starts its own.
         os.register_at_fork(after_in_child=self._forget)
@@ -134,9 +135,25 @@ class Launcher:
                 self._thread.start()
             self._last = launch
             self._queue.put((launch, call))
-        with launch._queued:  # gives the launch thread the GIL (the module's docstring)
-            pass
+        self._hand_over(launch)
         return launch, [Deferred(launch, i) for i in range(n_outputs)]
+
+    def _hand_over(self, launch: Launch) -> None:
+        """Wait until the launch thread begins ``launch``, which gives it the GIL (the module's
+        docstring). The call runs whatever happens, with the buffers it was given (donated ones
+        included), so its results must reach their storages: an interrupt (Ctrl-C) while waiting
+        is kept for ``take_interrupt`` instead of abandoning them."""
+        while True:
+            try:
+                with launch._queued:
+                    return
+            except KeyboardInterrupt as e:
+                self.interrupted = e
+
+    def take_interrupt(self) -> KeyboardInterrupt | None:
+        """The interrupt a hand-over kept since the last call, if any."""
+        interrupted, self.interrupted = self.interrupted, None
+        return interrupted
 
     def drain(self) -> None:
         """Wait until every launch submitted so far has returned (errors stay with them)."""

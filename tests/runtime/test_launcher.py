@@ -232,3 +232,35 @@ def test_the_executable_cache_sheds_half_when_the_process_holds_too_many_mapping
     assert lazy_torch.metrics.counters()["executables_evicted"] >= 16
     assert executor.cache_size() <= 48 - 16
     assert executor._mappings() > 0  # Linux: the count the rule reads is there
+
+
+def test_an_interrupt_while_a_launch_is_handed_over_comes_after_its_results_are_kept(
+    monkeypatch,
+):
+    # Ctrl-C while mark_step waits for its call to begin: the call runs anyway, with the
+    # parameters' buffers donated, so the step's results must reach the tensors first.
+    import signal
+    import time
+
+    from runtime.launcher import Launch
+
+    monkeypatch.setattr(executor._launcher, "threaded", True)
+    w = torch.ones(3).to("lazy")  # device data the step donates (not a reused constant)
+    lazy_torch.mark_step(wait=True)
+    real = Launch.run
+
+    def interrupted(self, call):
+        os.kill(os.getpid(), signal.SIGINT)  # the tracing thread waits for this call to begin
+        time.sleep(0.2)
+        return real(self, call)
+
+    monkeypatch.setattr(Launch, "run", interrupted)
+    w.mul_(2)
+    with pytest.raises(KeyboardInterrupt):
+        lazy_torch.mark_step()
+    monkeypatch.setattr(Launch, "run", real)
+    assert lazy_torch.metrics.counters()["donated_buffers"] == 1
+    assert w.tolist() == [2.0, 2.0, 2.0]
+    w.add_(1)
+    lazy_torch.mark_step()
+    assert w.tolist() == [3.0, 3.0, 3.0]
