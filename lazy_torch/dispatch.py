@@ -611,22 +611,8 @@ def _view(func: Any, build: Callable, storage_relative: bool) -> Handler:
     return handle
 
 
-# Operator spellings that PyTorch keeps as kernels of their own, not composites of the named op
-# (``x >> 1`` is ``aten.__rshift__.Scalar``): each call runs as the named op, whose overload the
-# dispatcher picks from the arguments (``out=`` ones included).
-_SPELLINGS = {
-    "__rshift__": "bitwise_right_shift",
-    "__lshift__": "bitwise_left_shift",
-    "__irshift__": "bitwise_right_shift_",
-    "__ilshift__": "bitwise_left_shift_",
-}
-
-
 def _resolve(func: Any) -> Handler:
     name = str(func)
-    spelled = _SPELLINGS.get(func._schema.name.removeprefix("aten::"))
-    if spelled is not None:
-        return _decomposed(getattr(torch.ops.aten, spelled))
     if name.startswith("aten._foreach_"):
         handler = foreach_handler(func, dispatch, record_elements)
         if handler is not None:

@@ -41,6 +41,18 @@ def _is_integral(x: Any) -> bool:
     return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == np.dtype(bool)
 
 
+def shift_left(a: Any, b: Any) -> Any:
+    return lax.shift_left(*jnp.broadcast_arrays(a, b))
+
+
+def shift_right(a: Any, b: Any) -> Any:
+    """Arithmetic for signed integers (the sign fills in), logical for unsigned ones."""
+    a, b = jnp.broadcast_arrays(a, b)
+    if jnp.issubdtype(a.dtype, jnp.unsignedinteger):
+        return lax.shift_right_logical(a, b)
+    return lax.shift_right_arithmetic(a, b)
+
+
 def _is_number(x: Any, value: float) -> bool:
     """True when ``x`` is the compile-time constant ``value`` (never for a traced parameter)."""
     return isinstance(x, (bool, int, float)) and x == value
@@ -300,6 +312,12 @@ _BINARY: dict[str, tuple[tuple[str, ...], Callable[[Any, Any], Any]]] = {
     "bitwise_and": (("Tensor", "Scalar", "Scalar_Tensor"), jnp.bitwise_and),
     "bitwise_or": (("Tensor", "Scalar", "Scalar_Tensor"), jnp.bitwise_or),
     "bitwise_xor": (("Tensor", "Scalar", "Scalar_Tensor"), jnp.bitwise_xor),
+    # XLA's shifts by a negative amount or by the bit width or more give what eager's CPU kernels
+    # give: 0, or the sign bit for an arithmetic right shift.
+    "bitwise_left_shift": (("Tensor", "Tensor_Scalar", "Scalar_Tensor"), shift_left),
+    "bitwise_right_shift": (("Tensor", "Tensor_Scalar", "Scalar_Tensor"), shift_right),
+    "__lshift__": (("Tensor", "Scalar"), shift_left),
+    "__rshift__": (("Tensor", "Scalar"), shift_right),
 }
 
 

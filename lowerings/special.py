@@ -18,7 +18,15 @@ import numpy as np
 from jax import lax
 
 # Shared with the elementwise table: compute-dtype casts, the result cast and pointwise registration.
-from lowerings.elementwise import _digamma, _names, _operands, _register_pointwise, _result
+from lowerings.elementwise import (
+    _digamma,
+    _names,
+    _operands,
+    _register_pointwise,
+    _result,
+    shift_left,
+    shift_right,
+)
 from lowerings.registry import lowering
 
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
@@ -461,13 +469,6 @@ def _gcd(a, b):
     return lax.while_loop(lambda s: jnp.any(s[0] != 0), step, (a, b))[1]
 
 
-def _shift_right(a, b):
-    a, b = jnp.broadcast_arrays(a, b)
-    if jnp.issubdtype(a.dtype, jnp.unsignedinteger):
-        return lax.shift_right_logical(a, b)
-    return lax.shift_right_arithmetic(a, b)
-
-
 def _broadcasting(fn):
     return lambda a, b: fn(*jnp.broadcast_arrays(a, b))
 
@@ -662,8 +663,8 @@ _POINTWISE: dict[tuple[str, ...], Callable[..., Any]] = {
     ("prims.gcd.default",): _gcd,
     # lax.div truncates integers (C's division) and divides floats exactly, as prims.div does.
     ("prims.div.default",): _broadcasting(lax.div),
-    ("prims.shift_left.default",): _broadcasting(lax.shift_left),
-    ("prims.shift_right_arithmetic.default",): _shift_right,
+    ("prims.shift_left.default",): shift_left,
+    ("prims.shift_right_arithmetic.default",): shift_right,
 }
 
 for _ops, _fn in _POINTWISE.items():

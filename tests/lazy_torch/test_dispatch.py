@@ -1,4 +1,4 @@
-"""lazy_torch/dispatch.py: how an aten op is resolved to a handler."""
+"""lazy_torch/dispatch.py: how an aten op is resolved to a handler (recorded, derived, decomposed or\nrun on the CPU fallback)."""
 
 import pytest
 import torch
@@ -31,10 +31,11 @@ def _in_place_left(x, y):
         lambda x, y: x << y,
         _in_place_right,
         _in_place_left,
-        lambda x, y: aten.__rshift__.Scalar_out(x, 1, out=torch.empty_like(x)),
-        lambda x, y: aten.__lshift__.Tensor_out(
+        lambda x, y: torch.bitwise_right_shift(x, 1, out=torch.empty_like(x)),
+        lambda x, y: torch.bitwise_left_shift(
             x, y, out=torch.empty(0, dtype=x.dtype, device=x.device)
         ),
+        lambda x, y: torch.bitwise_right_shift(7, y),
     ],
     ids=[
         "rshift",
@@ -45,9 +46,10 @@ def _in_place_left(x, y):
         "ilshift",
         "rshift_out",
         "lshift_out_resized",
+        "scalar_rshift_tensor",
     ],
 )
-def test_shift_operators_run_as_the_named_shift_ops_without_falling_back(call, dtype):
+def test_shift_operators_are_recorded_without_falling_back(call, dtype):
     x = _SIGNED.abs().to(dtype) if dtype == torch.uint8 else _SIGNED.to(dtype)
     y = _SHIFTS.clamp(min=0).to(dtype) if dtype == torch.uint8 else _SHIFTS.to(dtype)
     want = call(x.clone(), y)
@@ -55,3 +57,12 @@ def test_shift_operators_run_as_the_named_shift_ops_without_falling_back(call, d
     assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
     fallbacks = [k for k in lazy_torch.metrics.counters() if k.startswith("fallback::")]
     assert fallbacks == []
+
+
+@pytest.mark.parametrize("shift", [lambda x: x << 1, lambda x: torch.bitwise_right_shift(x, 1)])
+def test_a_float_shift_raises_eagers_error_at_the_call(shift):
+    with pytest.raises(RuntimeError, match="not implemented for 'Float'") as eager:
+        shift(torch.ones(2))
+    with pytest.raises(type(eager.value), match="not implemented for 'Float'"):
+        shift(torch.ones(2, device="lazy"))
+    lazy_torch.mark_step()  # nothing was recorded that could not compile
