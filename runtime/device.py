@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -28,6 +30,18 @@ def x64() -> Any:
     transfers and calls executables in it, so the IR's int64 and float64 stay 64-bit while a
     user's own JAX code keeps its own mode (``import lazy_torch`` changes no setting of JAX's)."""
     return jax.enable_x64(True)
+
+
+def in_x64(fn: Callable) -> Callable:
+    """``fn``, run in JAX's 64-bit mode (``x64``): the runtime's entry points that lower, compile,
+    transfer or call executables."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with jax.enable_x64(True):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 @cache
@@ -55,6 +69,7 @@ def platform_of(index: int = 0) -> str:
     return "rocm" if "rocm" in dev.client.platform_version.lower() else "cuda"
 
 
+@in_x64
 def to_device(array: np.ndarray, index: int, dtype: str | None = None) -> jax.Array:
     """Start copying a host array to device ``index`` (asynchronous).
 
@@ -67,8 +82,7 @@ def to_device(array: np.ndarray, index: int, dtype: str | None = None) -> jax.Ar
     # The host array usually shares a framework tensor's memory, which the caller may overwrite
     # as soon as this returns (a reused batch buffer). JAX may alias such an array on the CPU
     # platform (even with may_alias=False) or read it after returning, so it gets its own copy.
-    with x64():
-        out = jax.device_put(np.array(array, copy=True), device(index))
+    out = jax.device_put(np.array(array, copy=True), device(index))
     metrics.count("transfers_to_device")
     metrics.time("transfer_to_device_time", time.perf_counter() - start)
     metrics.size("transfer_to_device_bytes", array.nbytes)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 
 from lazy_core.graph import Graph
-from runtime.device import device, x64
+from runtime.device import device
 from runtime.launcher import failed
 
 Slot = tuple[tuple[int, ...], str]  # (shape, dtype)
@@ -248,5 +248,4 @@ def _slot(node: Any) -> Slot:
 def blank(slot: Slot, device_index: int) -> jax.Array:
     """A new buffer of ``slot`` on the device, for a spare argument no dead output fills."""
     shape, dtype = slot
-    with x64():
-        return jax.numpy.zeros(shape, jax.numpy.dtype(dtype), device=device(device_index))
+    return jax.numpy.zeros(shape, jax.numpy.dtype(dtype), device=device(device_index))

@@ -22,7 +22,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from lazy_core.dump import ir_text
 from lazy_core.graph import Graph, key_text
 from runtime import config, history, interpret, metrics
-from runtime.device import device, platform_of, x64
+from runtime.device import device, in_x64, platform_of
 from runtime.donation import Donations
 from runtime.launcher import Launch, Launcher, failed, is_ready, resolve
 from runtime.program import ParamLayout, build_function
@@ -127,10 +127,10 @@ def _param_specs(
     return specs
 
 
+@in_x64
 def lower(graph: Graph, device_index: int, donate: tuple[int, ...] = ()) -> Any:
     """``jax.stages.Lowered`` of the graph (its StableHLO is ``.as_text()``)."""
-    with x64():
-        return _lower(graph, graph.plan(), _layout(graph), device_index, donate)[0]
+    return _lower(graph, graph.plan(), _layout(graph), device_index, donate)[0]
 
 
 def _lower(
@@ -248,6 +248,7 @@ def _param_values(graph: Graph, exe: Executable, device_index: int) -> list[Any]
     return values
 
 
+@in_x64  # the IR's 64-bit types, while the user's own JAX keeps its mode
 def run_graph(
     graph: Graph,
     device_index: int,
@@ -274,20 +275,6 @@ def run_graph(
     an integer division by zero) before returning, so the caller keeps every previous value; with
     ``defer_checks`` it returns without waiting and ``check_errors`` raises the error later.
     """
-    with x64():  # the IR's 64-bit types; the user's JAX keeps its mode (device.x64)
-        return _run_graph(graph, device_index, donate, cause, defer_checks, site, partners, held)
-
-
-def _run_graph(
-    graph: Graph,
-    device_index: int,
-    donate: tuple[int, ...],
-    cause: str,
-    defer_checks: bool,
-    site: str,
-    partners: dict[int, int] | None,
-    held: set[int] | None,
-) -> tuple[jax.Array, ...]:
     if not graph.params:
         found = _constant_results.get(graph.key)
         if found is not None and failed(found[0]):
@@ -437,12 +424,12 @@ def _mappings() -> int:
         return 0
 
 
+@in_x64  # the launch thread's own mode: packed int64 and float64 scalars stay 64-bit
 def _execute(exe: Executable, values: list, graph: Graph) -> tuple:
     """Call ``exe`` (on the launch thread): its roots, in root order, then its check rows."""
     start = time.perf_counter()
     try:
-        with x64():  # this thread's own mode: packed int64 and float64 scalars stay 64-bit
-            *outputs, checks = exe.compiled(*[resolve(v) for v in values])
+        *outputs, checks = exe.compiled(*[resolve(v) for v in values])
     except GraphError:
         raise  # an earlier launch's, read from its result
     except Exception as e:

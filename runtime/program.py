@@ -13,7 +13,7 @@ from lowerings import LOWERINGS, LoweringContext
 from lowerings.bounds import CHECKED, runtime_checks
 from lowerings.random import initial_state, rng_key
 from lowerings.registry import category
-from runtime.device import x64
+from runtime.device import in_x64
 
 # Keyword arguments a front end adds to a node's template for the runtime, not for the lowering.
 _PRECISION = "_precision"
@@ -46,10 +46,10 @@ def op_category(op: str) -> str | None:
     return category(op)
 
 
+@in_x64  # a 64-bit seed
 def rng_state(seed: int) -> np.ndarray:
     """The device RNG state after a manual seed of ``seed``: host bytes (lowerings/random.py)."""
-    with x64():  # a 64-bit seed
-        return initial_state(seed)
+    return initial_state(seed)
 
 
 def _apply(
