@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lazy_core.digest import T_GRAPH, Hasher, digest
-from lazy_core.ir import DATA, PARAM_OPS, SCALAR, Node, _native
+from lazy_core import _native
+from lazy_core.digest import digest
+from lazy_core.ir import DATA, PARAM_OPS, SCALAR, Node
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,6 @@ def _param_index(params: Sequence[Node]) -> dict[int, int]:
     return {_param_identity(p): i for i, p in enumerate(params)}
 
 
-def _back_ref(position: int) -> int:
-    # Negative: parameter indices are not.
-    return -2 - position
-
-
 def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
     """Cut the graph that computes ``roots``: one iterative post-order walk, O(nodes).
 
@@ -72,54 +68,10 @@ def cut_graph(roots: Sequence[Node], salt: Any = None) -> Graph:
     de-duplicated by identity.
     """
     unique_roots = tuple(dict.fromkeys(roots))  # nodes compare by identity
-    walk = _walk if _native is None else _native.walk
-    order, params, structure = walk(unique_roots, DATA, SCALAR)
+    # The walk is in C (lazy_core/csrc/node.cpp): the post-order of every node the roots need, the
+    # parameter leaves in first-use order, and the digest of the structure. The key must tell
+    # apart graphs whose nodes digest alike but are wired differently (leaves digest by shape and
+    # dtype only), so the structure has the roots' digests, the parameter index of every leaf
+    # and, for every edge into a node already walked, that node's post-order position.
+    order, params, structure = _native.walk(unique_roots, DATA, SCALAR)
     return Graph(unique_roots, order, params, digest((structure, salt)))
-
-
-def _walk(roots: tuple[Node, ...], data: str, scalar: str) -> tuple[tuple, tuple, tuple]:
-    """The post-order of every node ``roots`` need, the parameter leaves in first-use order, and
-    the digest of the structure: the roots' digests and the wiring. The key must tell apart graphs
-    whose nodes digest alike but are wired differently (leaves digest by shape and dtype only), so
-    the wiring has the parameter index of every leaf and, for every edge into a node already
-    walked, that node's post-order position. (In C when built: lazy_core/csrc/node.cpp.)"""
-    order: list[Node] = []
-    params: list[Node] = []
-    param_pos: dict[int, int] = {}
-    wiring: list[int] = []
-    position: dict[int, int] = {}  # id(node) -> post-order position; -1 while on the stack
-    for root in roots:
-        if id(root) in position:
-            wiring.append(_back_ref(position[id(root)]))
-            continue
-        stack: list[tuple[Node, int]] = [(root, 0)]
-        position[id(root)] = -1
-        while stack:
-            node, i = stack[-1]
-            if i < len(node.src):
-                stack[-1] = (node, i + 1)
-                child = node.src[i]
-                seen = position.get(id(child))
-                if seen is None:
-                    position[id(child)] = -1
-                    stack.append((child, 0))
-                else:
-                    wiring.append(_back_ref(seen))
-                continue
-            stack.pop()
-            position[id(node)] = len(order)
-            order.append(node)
-            if node.op == data or node.op == scalar:
-                ident = _param_identity(node)
-                if ident not in param_pos:
-                    param_pos[ident] = len(params)
-                    params.append(node)
-                wiring.append(param_pos[ident])
-    h = Hasher()
-    h.add(T_GRAPH)
-    h.add(len(roots))
-    for root in roots:
-        h.add_digest(root.digest)
-    for w in (len(wiring), *wiring, len(order)):
-        h.add(w)
-    return tuple(order), tuple(params), h.done()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lazy_core.digest import T_NODE, Hasher, py_digest
+from lazy_core import _native
 
 # Leaf ops. Everything else names an operation of the lowering table (e.g. "aten.add.Tensor").
 DATA = "data"  # a device buffer; digested by shape and dtype only, never by content or identity
@@ -14,72 +14,6 @@ GETITEM = "getitem"  # output ``arg`` of a multi-output node
 
 LEAF_OPS = frozenset((DATA, SCALAR, CONSTANT))
 PARAM_OPS = frozenset((DATA, SCALAR))
-
-
-# The user call site that new nodes are attributed to; a front end sets it while it debugs.
-_site: str | None = None
-
-
-def attribute_to(site: str | None) -> str | None:
-    """Attribute nodes created from now on to ``site``; returns the previous site."""
-    global _site
-    previous, _site = _site, site
-    return previous
-
-
-def current_site() -> str | None:
-    return _site
-
-
-class PyNode:
-    """One IR operation. ``dtype``/``shape`` are tuples of per-output entries for multi-output ops.
-
-    ``digest`` is the node's type-exact structural digest (lazy_core/digest.py): op, ``arg``,
-    dtype, shape and the sources' digests; executables and memos are keyed on it. ``hash`` is its
-    low 64 bits, for display. ``payload`` carries a leaf's value (device buffer or Python number)
-    and never enters the digest. ``site`` is the user call site that created the node, when a
-    front end records sites (``attribute_to``); None otherwise.
-    """
-
-    __slots__ = (
-        "__weakref__", "arg", "digest", "dtype", "hash", "op", "payload", "shape", "site", "src",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        op: str,
-        src: tuple[Node, ...],
-        arg: Any,
-        dtype: Any,
-        shape: tuple,
-        payload: Any = None,
-    ):
-        self.op = op
-        self.src = src
-        self.arg = arg
-        self.dtype = dtype
-        self.shape = shape
-        self.payload = payload
-        self.site = _site
-        h = Hasher()
-        h.add(T_NODE)
-        h.absorb(op)
-        h.add_digest(py_digest(arg))
-        h.absorb(dtype)
-        h.absorb(shape)
-        h.add(len(src))
-        for s in src:
-            h.add_digest(s.digest)
-        self.digest = h.done()
-        low = self.digest & 0xFFFFFFFFFFFFFFFF
-        self.hash = -2 if low == (1 << 64) - 1 else low - (1 << 64) if low >> 63 else low
-
-    @property
-    def num_outputs(self) -> int:
-        return len(self.dtype) if isinstance(self.dtype, tuple) else 1
-
-    def __repr__(self) -> str:
-        return f"Node({self.op}, {self.dtype}{list(self.shape)}, #{self.hash & 0xFFFFFFFF:08x})"
 
 
 class Operand(tuple):
@@ -101,18 +35,13 @@ class Operand(tuple):
         return f"%{self[1]}"
 
 
-# The C extension (lazy_core/csrc), None when it is not built; the rest of the package
-# takes it from here. Its Node type has the same attributes, digest, num_outputs and repr as
-# PyNode at about a fifth of the construction cost; the site it records is the one given to its
-# own attribute_to.
-try:
-    from lazy_core import _native
-except ImportError:
-    _native = None
-if _native is not None:
-    Node, attribute_to, current_site = _native.Node, _native.attribute_to, _native.current_site
-else:
-    Node = PyNode
+# Node is a C type (lazy_core/csrc/node.cpp): one IR operation with the attributes op, src, arg,
+# dtype, shape (tuples of per-output entries for multi-output ops), payload (a leaf's device
+# buffer or Python number; never digested), site (the user call site given to attribute_to while
+# a front end records sites, else None), digest (the type-exact structural digest of op, arg,
+# dtype, shape and the sources' digests: lazy_core/digest.py), hash (its low 64 bits, for
+# display) and num_outputs.
+Node, attribute_to, current_site = _native.Node, _native.attribute_to, _native.current_site
 
 OPERANDS = tuple(Operand(i) for i in range(4096))  # foreach ops over many tensors use thousands
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lazy_core.ir import Node, _native
-from lazy_core.value import Storage
+from lazy_core import _native
+from lazy_core.ir import Node
 
 
 class NotWritable(RuntimeError):
@@ -53,63 +53,10 @@ class ViewStep:
         return Node(self.inverse_op, (parent, value), self.inverse_arg, parent.dtype, parent.shape)
 
 
-class PyView:
-    """What a tensor holds: its storage and the view steps from the storage's value to its own.
-
-    A tensor that is not a view has no steps and reads the storage's value directly. The C
-    extension's View (lazy_core/csrc/storage.cpp) is the one used when it is built: the same
-    attributes and methods, and outside the cycle collector.
-    """
-
-    __slots__ = ("storage", "steps")
-
-    def __init__(self, storage: Storage, steps: tuple[ViewStep, ...] = ()):
-        self.storage = storage
-        self.steps = steps
-
-    @property
-    def device(self) -> Any:
-        return self.storage.device
-
-    @property
-    def node(self) -> Node:
-        """The current value: an Access of the storage's current value."""
-        storage = self.storage
-        if not self.steps:
-            return storage.node
-        # Cached on the storage, per value: every view with these steps shares one Access node.
-        cache = storage.views
-        if cache is None:
-            cache = storage.views = {}
-        node = cache.get(self.steps)
-        if node is None:
-            node = storage.node
-            for step in self.steps:
-                node = step.access(node)
-            cache[self.steps] = node
-        return node
-
-    def assign(self, value: Node) -> None:
-        """Make ``value`` (shape and dtype of this view) the view's value: an Assign to the base."""
-        if not self.steps:
-            self.storage.set(value)
-            return
-        parents = [self.storage.node]
-        for step in self.steps[:-1]:
-            parents.append(step.access(parents[-1]))
-        new = value
-        for step, parent in zip(reversed(self.steps), reversed(parents)):
-            new = step.write(parent, new)
-        self.storage.set(new)
-        self.storage.views = {self.steps: value}  # reading the view back gives what was written
-
-    def then(self, step: ViewStep) -> PyView:
-        """A view of this view."""
-        return PyView(self.storage, self.steps + (step,))
-
-    @property
-    def writable(self) -> bool:
-        return all(s.inverse_op is not None for s in self.steps)
-
-
-View: Any = _native.View if _native is not None else PyView
+# What a tensor holds (C: lazy_core/csrc/storage.cpp): ``View(storage, steps=())``, its storage
+# and the view steps from the storage's value to its own. ``node`` is the current value, an
+# Access of the storage's value, cached on the storage per value so every view with these steps
+# shares one Access node; ``assign(value)`` writes through the steps' inverses from the innermost
+# outwards (raising NotWritable where one has none), after which reading the view back gives
+# what was written; ``then(step)`` is a view of the view; ``writable``: every step has an inverse.
+View: Any = _native.View

@@ -1,5 +1,5 @@
-"""The C extension (lazy_core/csrc) against its Python twins: Node, the graph walk, Storage and its
-registry, View."""
+"""The IR's C types (lazy_core/csrc): Node, the graph walk, Storage and its registry, View, and a
+barrier's per-storage bookkeeping."""
 
 import gc
 import random
@@ -7,43 +7,48 @@ import weakref
 
 import pytest
 
-from lazy_core import graph, ir, value
-from lazy_core import view as view_module
-from lazy_core.ir import DATA, SCALAR, Operand, PyNode
+from lazy_core import _native, ir
+from lazy_core.ir import DATA, SCALAR, Node, Operand
 from lazy_core.view import NotWritable, ViewStep
 
-_native = pytest.importorskip("lazy_core._native")
-Node = _native.Node
 
-
-def _pair(op, src, arg, dtype, shape, payload=None):
-    """The same node built by the C type and by the Python twin (on twin sources)."""
-    c = Node(op, tuple(s[0] for s in src), arg, dtype, shape, payload=payload)
-    p = PyNode(op, tuple(s[1] for s in src), arg, dtype, shape, payload)
-    return c, p
-
-
-def test_node_matches_python_twin():
-    a = _pair(DATA, (), None, "float32", (4, 5), payload="buffer")
-    s = _pair(SCALAR, (), None, "float64", (), payload=0.5)
-    add = _pair("aten.add.Tensor", (a, s), ((Operand(0), Operand(1)), ()), "float32", (4, 5))
-    multi = _pair("aten.max.dim", (add,), ((Operand(0), 1), ()), ("float32", "int64"), ((4,), (4,)))
-    for c, p in (a, s, add, multi):
-        assert c.digest == p.digest and c.hash == p.hash
-        assert repr(c) == repr(p)
-        assert c.num_outputs == p.num_outputs
-        for name in ("op", "arg", "dtype", "shape", "payload", "site"):
-            assert getattr(c, name) == getattr(p, name)
-    assert add[0].src == (a[0], s[0])
-    assert multi[0].num_outputs == 2
-    # Digests of deep sources, and of every kind of value a template holds.
-    deep = add
+def test_node_attributes_and_structural_digests():
+    a = Node(DATA, (), None, "float32", (4, 5), payload="buffer")
+    s = Node(SCALAR, (), None, "float64", (), payload=0.5)
+    add = Node("aten.add.Tensor", (a, s), ((Operand(0), Operand(1)), ()), "float32", (4, 5))
+    multi = Node("aten.max.dim", (add,), ((Operand(0), 1), ()), ("float32", "int64"), ((4,), (4,)))
+    assert (add.op, add.src, add.arg) == ("aten.add.Tensor", (a, s), ((Operand(0), Operand(1)), ()))
+    assert (add.dtype, add.shape, add.payload, add.site) == ("float32", (4, 5), None, None)
+    assert a.payload == "buffer" and s.payload == 0.5
+    assert add.num_outputs == 1 and multi.num_outputs == 2
+    assert repr(add) == f"Node(aten.add.Tensor, float32[4, 5], #{add.hash & 0xFFFFFFFF:08x})"
+    low = add.digest & (2**64 - 1)
+    assert add.hash == (low - 2**64 if low >> 63 else low)
+    # Structural: payloads never enter, every other field does.
+    twin_a = Node(DATA, (), None, "float32", (4, 5), payload="other buffer")
+    twin_s = Node(SCALAR, (), None, "float64", (), payload=2.5)
+    arg = ((Operand(0), Operand(1)), ())
+    assert Node("aten.add.Tensor", (twin_a, twin_s), arg, "float32", (4, 5)).digest == add.digest
+    changed = [
+        Node("aten.sub.Tensor", (a, s), arg, "float32", (4, 5)),
+        Node("aten.add.Tensor", (s, a), arg, "float32", (4, 5)),
+        Node("aten.add.Tensor", (a, s), ((Operand(1), Operand(0)), ()), "float32", (4, 5)),
+        Node("aten.add.Tensor", (a, s), arg, "float64", (4, 5)),
+        Node("aten.add.Tensor", (a, s), arg, "float32", (5, 4)),
+        Node("aten.add.Tensor", (a,), arg, "float32", (4, 5)),
+    ]
+    assert len({n.digest for n in changed} | {add.digest}) == len(changed) + 1
+    # Deep sources, and every kind of value a template holds.
+    deep = [add, Node("aten.add.Tensor", (twin_a, twin_s), arg, "float32", (4, 5))]
     for _ in range(50):
-        deep = _pair("aten.neg.default", (deep,), ((Operand(0),), ()), "float32", (4, 5))
+        deep = [
+            Node("aten.neg.default", (d,), ((Operand(0),), ()), "float32", (4, 5)) for d in deep
+        ]
         assert deep[0].digest == deep[1].digest
     values = (None, True, -1, -2, 2**70, -(2**64), 8.0, -0.0, float("nan"), 1j, "é", b"x", ())
-    c, p = _pair("op", (a,), ((Operand(0), values), (("k", (1, (2.5,))),)), "float32", (4,))
-    assert c.digest == p.digest
+    full = [Node("op", (a,), ((Operand(0), values), (("k", (1, (2.5,))),)), "float32", (4,))]
+    full.append(Node("op", (a,), ((Operand(0), values), (("k", (1, (2.5,))),)), "float32", (4,)))
+    assert full[0].digest == full[1].digest
 
 
 def test_node_construction_errors_and_attributes():
@@ -131,18 +136,45 @@ def _random_graph(rng: random.Random, n: int) -> list:
     return nodes
 
 
-def test_walk_matches_python_twin():
+def _post_order(roots: tuple) -> tuple[list, list]:
+    """The walk's order and parameters, by the definition: a depth-first post-order from each
+    root in turn, each node once; parameters (leaves of a buffer or a scalar) in first-use order,
+    leaves of one buffer being one parameter."""
+    order, seen, params, buffers = [], set(), [], set()
+
+    def visit(node):
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        for child in node.src:
+            visit(child)
+        order.append(node)
+        ident = id(node.payload) if node.op == DATA else id(node)
+        if node.op in (DATA, SCALAR) and ident not in buffers:
+            buffers.add(ident)
+            params.append(node)
+
+    for root in roots:
+        visit(root)
+    return order, params
+
+
+def test_walk_is_a_post_order_with_parameters_in_first_use_order():
     rng = random.Random(0)
     for _ in range(30):
         nodes = _random_graph(rng, rng.randint(3, 60))
         roots = tuple(rng.choice(nodes) for _ in range(rng.randint(1, 6)))
-        assert _native.walk(roots, DATA, SCALAR) == graph._walk(roots, DATA, SCALAR)
+        order, params, structure = _native.walk(roots, DATA, SCALAR)
+        expected_order, expected_params = _post_order(roots)
+        assert list(order) == expected_order and list(params) == expected_params
+        assert type(structure) is int and 0 <= structure < 2**128
+        assert _native.walk(roots, DATA, SCALAR)[2] == structure
 
 
 def test_walk_rejects_non_nodes():
     with pytest.raises(TypeError, match="not a Node"):
         _native.walk((object(),), DATA, SCALAR)
-    leaf = PyNode(DATA, (), None, "float32", (2,))
+    leaf = _Attributes()  # a source that is no Node
     with pytest.raises(TypeError, match="not a Node"):
         _native.walk(
             (Node("aten.neg.default", (Node(DATA, (), None, "f", ()),), None, "f", ()), leaf),
@@ -152,19 +184,15 @@ def test_walk_rejects_non_nodes():
 
 
 # ----------------------------------------------------------------------------------------------
-# Storage and its registry (storage.cpp) against value.py's twin.
-
-_TWINS = [
-    pytest.param((_native.Storage, _native.live_storages, _native.pending_and_held), id="c"),
-    pytest.param(
-        (value.PyStorage, value._py_live_storages, value._py_pending_and_held), id="python"
-    ),
-]
+# Storage and its registry (storage.cpp).
 
 
-@pytest.mark.parametrize("twin", _TWINS)
-def test_storage_values_and_registry_match_the_twin(twin):
-    storage, live, pending_and_held = twin
+def test_storage_values_and_registry():
+    storage, live, pending_and_held = (
+        _native.Storage,
+        _native.live_storages,
+        _native.pending_and_held,
+    )
     buf, new_buf = object(), object()
     x = Node(DATA, (), None, "float32", (2,), payload=buf)
     add = Node("aten.add.Tensor", (x, x), ((Operand(0), Operand(1)), ()), "float32", (2,))
@@ -202,15 +230,8 @@ def test_c_storages_and_views_stay_out_of_the_cycle_collector():
         s.node = s.node  # written through set only
 
 
-_VIEW_TWINS = [
-    pytest.param((_native.Storage, _native.View), id="c"),
-    pytest.param((value.PyStorage, view_module.PyView), id="python"),
-]
-
-
-@pytest.mark.parametrize("twin", _VIEW_TWINS)
-def test_view_values_match_the_twin(twin):
-    storage_type, view_type = twin
+def test_view_values_and_writes():
+    storage_type, view_type = _native.Storage, _native.View
     base = Node(DATA, (), None, "float32", (4,), payload=object())
     half = ViewStep("aten.slice.Tensor", (0, 0, 2), "float32", (2,), "aten.slice_scatter.default")
     row = ViewStep("aten.select.int", (0, 1), "float32", (), "aten.select_scatter.default")
@@ -238,22 +259,16 @@ def test_view_values_match_the_twin(twin):
 
 
 # ----------------------------------------------------------------------------------------------
-# A barrier's bookkeeping (storage.cpp: settle, buffer_partners, unheld) against value.py's twins.
-
-_BARRIER_TWINS = [
-    pytest.param(
-        (_native.Storage, _native.settle, _native.buffer_partners, _native.unheld), id="c"
-    ),
-    pytest.param(
-        (value.PyStorage, value._py_settle, value._py_buffer_partners, value._py_unheld),
-        id="python",
-    ),
-]
+# A barrier's bookkeeping (storage.cpp: settle, buffer_partners, unheld).
 
 
-@pytest.mark.parametrize("twin", _BARRIER_TWINS)
-def test_barrier_bookkeeping_matches_the_twin(twin):
-    storage, settle, buffer_partners, unheld = twin
+def test_barrier_bookkeeping():
+    storage, settle, buffer_partners, unheld = (
+        _native.Storage,
+        _native.settle,
+        _native.buffer_partners,
+        _native.unheld,
+    )
     bufs = [object() for _ in range(4)]
     leaves = [Node(DATA, (), None, "float32", (2,), payload=b) for b in bufs]
     wide = Node(DATA, (), None, "float32", (3,), payload=object())
