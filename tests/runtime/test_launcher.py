@@ -190,50 +190,6 @@ def test_a_parameter_free_graph_whose_launch_failed_runs_again(launch_thread, mo
     assert z.tolist() == [2.0, 2.0, 2.0]
 
 
-def test_the_executable_cache_keeps_the_most_recently_used(monkeypatch):
-    # Every cached executable holds memory mappings of JIT code: an unbounded cache crashed a long
-    # process inside XLA's compiler once it reached the system's limit of mappings.
-    import torch
-
-    import lazy_torch
-    from runtime import config, executor
-
-    monkeypatch.setattr(config, "EXECUTABLES", 3)
-    lazy_torch.metrics.reset()
-
-    def program(n):  # one graph per length, new to this process
-        got = (torch.arange(n, dtype=torch.float64, device="lazy") * 3).square().cpu()
-        torch.testing.assert_close(got, (torch.arange(n, dtype=torch.float64) * 3) ** 2)
-
-    for n in range(101, 106):
-        program(n)
-    assert executor.cache_size() <= 3
-    counters = lazy_torch.metrics.counters()
-    assert counters["executables_evicted"] >= 2
-    compiles = counters["compiles"]
-    program(101)  # evicted: compiled again
-    assert lazy_torch.metrics.counters()["compiles"] == compiles + 1
-    program(105)  # kept: a cache hit
-    assert lazy_torch.metrics.counters()["compiles"] == compiles + 1
-
-
-def test_the_executable_cache_sheds_half_when_the_process_holds_too_many_mappings(monkeypatch):
-    # A count alone does not bound the mappings: a sort's executable holds dozens, an add's three.
-    import torch
-
-    import lazy_torch
-    from runtime import config, executor
-
-    monkeypatch.setattr(config, "MAPPINGS", 1)  # always over: every 16th compile sheds half
-    lazy_torch.metrics.reset()
-    for n in range(201, 249):
-        got = torch.arange(n, dtype=torch.float64, device="lazy").neg().cpu()
-        torch.testing.assert_close(got, -torch.arange(n, dtype=torch.float64))
-    assert lazy_torch.metrics.counters()["executables_evicted"] >= 16
-    assert executor.cache_size() <= 48 - 16
-    assert executor._mappings() > 0  # Linux: the count the rule reads is there
-
-
 def test_an_interrupt_while_a_launch_is_handed_over_comes_after_its_results_are_kept(
     monkeypatch,
 ):

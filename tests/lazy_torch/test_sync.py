@@ -1,0 +1,133 @@
+"""lazy_torch/sync.py: barriers. mark_step computes every pending value in one graph per device
+and leaves device data; a partial sync (an observed value) computes what it reads, counted by cause
+and call site; a failed sync leaves every value pending; what a sync observes, later reads see."""
+
+import doctest
+
+import pytest
+import torch
+
+import lazy_torch
+import runtime
+from lazy_core import pending_storages
+from lazy_torch import sync
+from lowerings import LOWERINGS
+from runtime import executor
+
+
+def _counters():
+    return lazy_torch.metrics.counters()
+
+
+def _is_pending(t):
+    storage = t._lazy.storage
+    return storage.pending, any(s is storage for s in pending_storages())
+
+
+def test_mark_step_computes_every_pending_value_in_one_graph():
+    cpu = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
+    x = cpu.to("lazy")
+    y, total = x * 2, x.sum(0)
+    x.add_(1)
+    assert _is_pending(y) == _is_pending(total) == _is_pending(x) == (True, True)
+    lazy_torch.mark_step(wait=True)
+    assert _is_pending(y) == _is_pending(total) == _is_pending(x) == (False, False)
+    counters = _counters()
+    assert (counters["mark_steps"], counters["syncs::mark_step"], counters["executions"]) == (
+        1,
+        1,
+        1,
+    )
+    (site,) = lazy_torch.metrics.sites()["syncs::mark_step"]
+    assert site.startswith(__file__ + ":")
+    torch.testing.assert_close(y.cpu(), cpu * 2)
+    torch.testing.assert_close(total.cpu(), cpu.sum(0))
+    torch.testing.assert_close(x.cpu(), cpu + 1)
+
+
+def test_mark_step_with_nothing_pending_runs_nothing():
+    x = torch.ones(2, device="lazy")
+    lazy_torch.mark_step(wait=True)
+    lazy_torch.metrics.reset()
+    lazy_torch.mark_step(wait=True)
+    assert _counters() == {"mark_steps": 1}
+    assert x.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "observe, cause",
+    [
+        (lambda t: t.sum().item(), "item"),
+        (lambda t: t.tolist(), "tolist"),
+        (lambda t: t.cpu(), "cpu"),
+        (lambda t: t.numpy(), "numpy"),
+        (lambda t: str(t), "print"),
+    ],
+    ids=["item", "tolist", "cpu", "numpy", "print"],
+)
+def test_an_observed_value_syncs_what_it_reads_and_counts_its_cause(observe, cause):
+    x = torch.tensor([1.0, 2.0, 3.0]).to("lazy")
+    y, other = x * 2, x - 1
+    observe(y)
+    assert _counters()[f"syncs::{cause}"] == 1 and "syncs::mark_step" not in _counters()
+    (site,) = lazy_torch.metrics.sites()[f"syncs::{cause}"]
+    assert site.startswith(__file__ + ":")
+    assert not y._lazy.storage.pending
+    assert other._lazy.storage.pending  # no part of what was read
+    assert other.tolist() == [0.0, 1.0, 2.0] and y.tolist() == [2.0, 4.0, 6.0]
+
+
+def test_sync_of_storages_makes_them_device_data():
+    x = torch.tensor([1.0, 2.0]).to("lazy")
+    y, z = x * 3, x + 3
+    sync.sync([y._lazy.storage, z._lazy.storage], cause="test")
+    assert not y._lazy.storage.pending and not z._lazy.storage.pending
+    assert _counters()["syncs::test"] == 1 and _counters()["executions"] == 1
+    assert y.tolist() == [3.0, 6.0] and z.tolist() == [4.0, 5.0]
+    sync.sync([y._lazy.storage], cause="test")  # nothing pending: nothing runs
+    assert _counters()["syncs::test"] == 1 and _counters()["executions"] == 1
+
+
+def test_a_sync_that_fails_to_compile_leaves_every_value_pending(monkeypatch):
+    x = torch.tensor([1.0, 2.0]).to("lazy")
+    y, z = x * 3, x + 3
+
+    def broken(ctx, *args):
+        raise ValueError("no such lowering today")
+
+    monkeypatch.setitem(LOWERINGS, "aten.mul.Tensor", broken)
+    executor.drop_cache()  # the graph compiles now, not from an executable of an earlier test
+    with pytest.raises(runtime.GraphError, match="no such lowering today"):
+        sync.sync([y._lazy.storage, z._lazy.storage], cause="test")
+    assert y._lazy.storage.pending and z._lazy.storage.pending
+    monkeypatch.undo()
+    assert y.tolist() == [3.0, 6.0] and z.tolist() == [4.0, 5.0]
+
+
+def test_a_value_observed_before_the_barrier_is_the_value_it_leaves():
+    lazy_torch.manual_seed(0)
+    r = torch.rand(4, device="lazy")
+    scaled = r * 10
+    seen = r.tolist()  # a partial sync: the random draw is computed once, not again at the step
+    lazy_torch.mark_step(wait=True)
+    assert r.tolist() == seen
+    torch.testing.assert_close(scaled.cpu(), torch.tensor(seen) * 10)
+    assert torch.rand(4, device="lazy").tolist() != seen  # the next step draws afresh
+
+
+def test_mark_step_records_the_steps_timings():
+    x = torch.ones(2, device="lazy")
+    for _ in range(2):
+        x.add_(1)
+        lazy_torch.mark_step()
+    timings = lazy_torch.metrics.timings()
+    for name in ("mark_step_time", "trace_time", "step_time"):
+        assert len(timings[name]) == 2 and min(timings[name]) >= 0.0, name
+    assert x.tolist() == [3.0, 3.0]
+
+
+def test_the_mark_step_example_runs():
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
+    for test in finder.find(sync.mark_step, "mark_step", globs={}):
+        runner.run(test)
+    assert runner.summarize(verbose=False) == doctest.TestResults(failed=0, attempted=4)
