@@ -229,7 +229,7 @@ def main() -> None:
         gc.freeze()
     collector = _CollectorTime()
     gc.callbacks.append(collector)
-    before = _native.stats()["python"] if _native is not None else None
+    before = _native.stats()["python"]
     times: dict[str, list[float]] = {d: [] for d in devices}
     lazy_seconds = 0.0
     for block in range(0, args.steps, 5):
@@ -248,9 +248,8 @@ def main() -> None:
         f"cycle collector: {lazy_seconds / args.steps * 1e3:.2f} ms per lazy step, collections "
         f"by generation {collector.collections} in {args.steps} steps of each backend"
     )
-    if before is not None:
-        python_ops = (_native.stats()["python"] - before) / args.steps
-        print(f"ops on the Python path per step: {python_ops:.0f}")
+    python_ops = (_native.stats()["python"] - before) / args.steps
+    print(f"ops handed to their Python handlers per step: {python_ops:.0f}")
     for device in devices:
         count, views = ops[device]
         median = statistics.median(times[device])

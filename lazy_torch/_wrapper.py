@@ -20,7 +20,7 @@ It compiles against the installed torch's headers and libraries, and
 the first time a given torch, Python and source meet, in 30-60 s, into a cache directory
 (``$LAZY_EXTENSION_DIR``, else ``$XDG_CACHE_HOME/lazy_torch`` or ``~/.cache/lazy_torch``), under a
 file lock so that parallel processes build it once. A failed build leaves its compiler output
-beside it and is not retried for the same key; then, as with ``LAZY_NATIVE=0``, PyTorch's own
+beside it and is not retried for the same key; then PyTorch's own
 ``_make_wrapper_subclass`` and a ``torch.autograd.Function`` are used.
 """
 

@@ -232,11 +232,11 @@ def _op(name: str) -> Any:
     return getattr(getattr(torch.ops.aten, base), overload or "default")
 
 
-def _kernel(op: Any, policy: str, native: bool = True) -> Callable:
-    """The kernel of ``op`` under ``policy``: in C when built for the casting policies (lower and
-    float32, nearly every call), else in Python."""
+def _kernel(op: Any, policy: str) -> Callable:
+    """The kernel of ``op`` under ``policy``: in C for the casting policies (lower and float32,
+    nearly every call: lazy_torch/csrc/amp.cpp), else in Python."""
     call = op._op  # the C++ operator itself: no OpOverload.__call__ frame
-    if native and _native is not None and policy in (_LOWER, _F32):
+    if policy in (_LOWER, _F32):
         return _native.CastKernel(call, policy == _LOWER, _shared())
     if policy == _F32_DTYPE:
         adjust = functools.partial(_set_float32, slot=_dtype_slot(op))
@@ -256,7 +256,7 @@ def _kernel(op: Any, policy: str, native: bool = True) -> Callable:
 
 @functools.cache
 def _shared() -> tuple:
-    """What the C kernels share (lazy_core/csrc/amp.cpp)."""
+    """What the C kernels share (lazy_torch/csrc/amp.cpp)."""
     set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
     return (_state, _cast, set_excluded, _KEY, torch.float32, _CASTABLE)
 
@@ -312,15 +312,6 @@ def _cast_all(args: tuple, kwargs: dict, dtype: torch.dtype, cache: bool) -> tup
     return args, kwargs
 
 
-def _lower(args: tuple, kwargs: dict, state: tuple) -> tuple[tuple, dict]:
-    _, dtype, cache = state
-    return _cast_all(args, kwargs, dtype, cache)
-
-
-def _float32(args: tuple, kwargs: dict, state: tuple) -> tuple[tuple, dict]:
-    return _cast_all(args, kwargs, torch.float32, False)
-
-
 def _promote(args: tuple, kwargs: dict, state: tuple) -> tuple[tuple, dict]:
     return _cast_all(args, kwargs, _widest(args, kwargs, state[1]), False)
 
@@ -353,4 +344,4 @@ def _widest(args: tuple, kwargs: dict, lower: torch.dtype) -> torch.dtype:
     return widest
 
 
-_ADJUST = {_LOWER: _lower, _F32: _float32, _WIDEST: _promote, _BANNED: _banned}
+_ADJUST = {_WIDEST: _promote, _BANNED: _banned}

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-from lazy_torch.dispatch import bound_arguments, check_like_eager, special
+from lazy_torch.dispatch import special
+from lazy_torch.recording import bound_arguments
+from lazy_torch.shapes import check_like_eager
 from lazy_torch.tensor import LazyTensor, to_cpu, wrap
 
 aten = torch.ops.aten

@@ -28,7 +28,8 @@ import torch
 from lazy_core import scalar_leaf
 from lazy_torch import step_state
 from lazy_torch._dtypes import dtype_name
-from lazy_torch.dispatch import bound_arguments, record_update, special
+from lazy_torch.dispatch import special
+from lazy_torch.recording import bound_arguments, record_update
 from lazy_torch.tensor import LazyTensor, extension
 
 aten = torch.ops.aten

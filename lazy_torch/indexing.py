@@ -19,17 +19,11 @@ from typing import Any
 import torch
 
 from lazy_core import digest
-from lazy_torch.dispatch import (
-    NATIVE_RECORD,
-    assign,
-    bound_arguments,
-    dispatch,
-    record,
-    recorded,
-    special,
-)
+from lazy_torch.dispatch import dispatch, recorded, special
+from lazy_torch.recording import RECORD, bound_arguments, record
 from lazy_torch.eager_checks import standin
 from lazy_torch.tensor import LazyTensor, dense_meta, to_cpu, upload
+from lazy_torch.variants import assign
 
 aten = torch.ops.aten
 
@@ -145,7 +139,7 @@ def _integer_indices(self: LazyTensor, indices: list) -> list:
 
 # In C once a signature is known, as the rest of the family below: masks and CPU index tensors
 # never reach the shape memo, so C hands them here.
-@special(aten.index.Tensor, native=(NATIVE_RECORD,))
+@special(aten.index.Tensor, plan=RECORD)
 def _index(func, args, kwargs):
     self, indices = args
     if type(self) is not LazyTensor:
@@ -238,7 +232,7 @@ def _foreign(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and type(v) is not LazyTensor and v.dim() > 0
 
 
-@special(*_FAMILY, native=(NATIVE_RECORD,))
+@special(*_FAMILY, plan=RECORD)
 def _checked(func, args, kwargs):
     if not (_foreign(args) or _foreign(tuple(kwargs.values()))):
         check(func, args, kwargs)

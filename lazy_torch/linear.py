@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 import runtime
-from lazy_torch.dispatch import record_op
+from lazy_torch.recording import record_op
 from lazy_torch.tensor import LazyTensor, dense_meta, extension
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

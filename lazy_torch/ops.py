@@ -7,17 +7,11 @@ from typing import Any
 import torch
 
 from lazy_torch import eager_checks, indexing, rng, sites  # noqa: F401 (indexing registers its handlers)
-from lazy_torch.dispatch import (
-    NATIVE_RECORD,
-    NATIVE_SHARE,
-    assign,
-    assign_node,
-    dispatch,
-    record,
-    special,
-)
+from lazy_torch.dispatch import dispatch, special
+from lazy_torch.recording import RECORD, SHARE, record
 from lazy_torch.resize import fill_outs, resize, resized_as_meta, resized_meta, window
 from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, upload, wrap
+from lazy_torch.variants import assign, assign_node
 
 aten = torch.ops.aten
 
@@ -68,7 +62,7 @@ for _name in _FACTORIES:
     _lib.impl(_name, _factory(getattr(getattr(aten, _packet), _overload or "default")), "Lazy")
 
 
-@special(aten.detach.default, aten.alias.default, native=(NATIVE_SHARE,))  # C does the same
+@special(aten.detach.default, aten.alias.default, plan=SHARE)  # C does the same
 def _share(func, args, kwargs):
     # Identity views share the storage: a write through either is seen by both.
     t = args[0]
@@ -82,7 +76,7 @@ def _lazy_index(device: Any) -> int | None:
     return (device.index or 0) if device.type == "lazy" else None
 
 
-@special(aten._to_copy.default, native=(NATIVE_RECORD,))
+@special(aten._to_copy.default, plan=RECORD)
 def _to_copy(func, args, kwargs):
     x = args[0]
     device = kwargs.get("device")
@@ -132,11 +126,10 @@ def _item(func, args, kwargs):
     return to_cpu(args[0], cause="item").item()
 
 
-def _rng_operands(ops, device: int | None = None) -> tuple:
-    if device is None:
-        device = ops.device if ops.device is not None else 0
+def _rng_operands(device: int) -> tuple:
+    """The runtime keywords of a random op on ``device``: its RNG state (an operand) and draw."""
     state, index = rng.draw(device)
-    return (("_rng", ops.node(state)), ("_rng_index", index))
+    return (("_rng", state), ("_rng_index", index))
 
 
 @special(
@@ -205,9 +198,8 @@ def _multinomial(func, args, kwargs):
 
 @special(aten.randperm.default, aten.randperm.generator, aten.normal.float_float)
 def _random_factory(func, args, kwargs):
-    # A factory: the RNG state is that of the device it creates on.
-    device = _lazy_index(kwargs.get("device")) or 0
-    return record(func, args, kwargs, extra=lambda ops: _rng_operands(ops, device))
+    # A factory: the RNG state is that of the device it creates on (record's device).
+    return record(func, args, kwargs, extra=_rng_operands)
 
 
 _RRELU_ARGS = ("self", "noise", "lower", "upper", "training", "generator")

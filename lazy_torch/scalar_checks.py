@@ -499,17 +499,17 @@ def install() -> None:
         return
     _installed = True
     from lazy_torch import dispatch, eager_checks  # dispatch's modules import this one
+    from lazy_torch.recording import RECORD
 
     eager_checks.MEMO_RULES.update(MEMO_RULES)
     for check in CHECKS.values():
         op = check.op
         # The handler dispatch gives the op now, or would give it at its first call (private to
         # dispatch.py, which this module leaves alone).
-        handler = dispatch._handlers.get(id(op)) or dispatch._resolve(op)
-        recorded = handler is dispatch.recorded
-        native = (dispatch.NATIVE_RECORD,) if recorded else None
-        dispatch.special(op, native=native)(_checked(check, handler))
-        if _native is not None and check.positions:
+        handler = dispatch.handler_of(op)
+        plan = RECORD if handler is dispatch.recorded else None
+        dispatch.special(op, plan=plan)(_checked(check, handler))
+        if check.positions:
             _native.value_check(op, (check, check.positions, check.names))
 
 

@@ -34,7 +34,8 @@ import torch
 
 from lazy_torch import device_module
 from lazy_torch._dtypes import torch_dtype
-from lazy_torch.dispatch import bound_arguments, special
+from lazy_torch.dispatch import special
+from lazy_torch.recording import bound_arguments
 from lazy_torch.resize import become, extent
 from lazy_torch.tensor import (
     LazyTensor,

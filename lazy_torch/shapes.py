@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from lazy_core import digest, digest_with
 from lazy_torch import dtype_checks as _dtype_checks
 from lazy_torch.eager_checks import eager_memo_rule
 from lazy_torch.strides import output_meta
@@ -46,10 +45,10 @@ FALLBACK_EXCEPTIONS = (
 meta_cache: dict[tuple[str, int], tuple] = {}
 
 
-def memo_key(name: str, args_t: tuple, kwargs_t: tuple, keys: list) -> tuple[str, int]:
-    """The shape memo's key of a call of op ``name`` with this template and operand keys (the C
-    fast path makes the same: lazy_core/csrc/record.cpp)."""
-    return (name, digest_with(digest((args_t, kwargs_t)), tuple(keys)))
+def is_single_meta(meta: Any) -> bool:
+    """Whether an op's output metadata is one Meta ((shape, strides, offset, dtype)), not a
+    sequence of Metas or Nones, one per output."""
+    return type(meta) is tuple and len(meta) == 4 and isinstance(meta[3], torch.dtype)
 
 
 def _to_meta(v: Any, cpu_scalars: bool = False) -> Any:

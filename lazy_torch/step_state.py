@@ -46,7 +46,7 @@ import torch
 from torch.optim import optimizer as _optimizer
 
 from lazy_core import scalar_leaf
-from lazy_torch.dispatch import _SCALAR_DTYPES
+from lazy_torch.recording import SCALAR_DTYPES
 from lazy_torch.guards import PLAIN, ModuleSet, plain_attributes, plain_value
 from lazy_torch.tensor import LazyTensor, extension
 
@@ -321,7 +321,7 @@ class Steps:
             if v is None:
                 self.why = self.why or f"its fused step's {name} is not its param group's {key}"
                 return
-            leaf = scalar_leaf(kind(v), _SCALAR_DTYPES[kind])
+            leaf = scalar_leaf(kind(v), SCALAR_DTYPES[kind])
             self.scalars.append((len(self.leaves), group, key, index, type(v), kind))
             self.leaves.append(leaf)
             b[name] = leaf
@@ -402,7 +402,7 @@ class Replay:
             v = group[key] if index is None else group[key][index]
             if type(v) is not kind:
                 return f"the type of its param group's {key}"
-            leaves[j] = scalar_leaf(to(v), _SCALAR_DTYPES[to])
+            leaves[j] = scalar_leaf(to(v), SCALAR_DTYPES[to])
         counted = []
         for optimizer, params, at, dtype in self.counts:
             steps = [optimizer.state.get(p, {}).get("step") for p in params]

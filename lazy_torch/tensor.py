@@ -10,16 +10,13 @@ from typing import Any
 import torch
 
 import runtime
-from lazy_core import Node, Storage, View, data_leaf
-from lazy_core.ir import _native as _built_native
-from lazy_torch import _wrapper, views
+from lazy_core import Storage, View, data_leaf
+from lazy_torch import _native, _wrapper, views
 from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy, torch_dtype
 from lazy_torch.sync import sync
 
-# The per-op fast path in C, unless it was not built or LAZY_NATIVE=0 turns it off.
-_native: Any = _built_native if runtime.config.NATIVE else None
-# The torch-linked C++ extension (_wrapper.py), unless it was not built or LAZY_NATIVE=0.
-extension: Any = (runtime.config.NATIVE and _wrapper.load()) or None
+# The torch-linked C++ extension (_wrapper.py), unless it could not be built.
+extension: Any = _wrapper.load()
 # Makes each lazy tensor's wrapper: in C++ when the extension built, else PyTorch's own.
 make_wrapper = extension.make_wrapper if extension else torch.Tensor._make_wrapper_subclass
 
@@ -43,25 +40,8 @@ class LazyTensor(torch.Tensor):
     _meta: Meta
 
     @staticmethod
-    def __new__(cls, view: View, meta: Meta, requires_grad: bool = False) -> LazyTensor:
-        shape, stride, offset, dtype = meta
-        device = DEVICES[view.device]
-        # Keyword arguments cost their parsing: the common dense case passes only what it must.
-        if offset or requires_grad or stride != _dense_stride(shape):
-            r = make_wrapper(
-                cls,
-                shape,
-                strides=stride,
-                storage_offset=offset,
-                dtype=dtype,
-                device=device,
-                requires_grad=requires_grad,
-            )
-        else:
-            r = make_wrapper(cls, shape, dtype=dtype, device=device)
-        r._lazy = view
-        r._meta = meta
-        return r
+    def __new__(cls, view: View | Storage, meta: Meta) -> LazyTensor:
+        return _native.wrap(view, meta)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -116,14 +96,8 @@ class LazyTensor(torch.Tensor):
         torch.Tensor.data.__set__(self, new)
         self._lazy, self._meta = new._lazy, new._meta
 
-    if _native is not None:
-        # C: records common ops itself and calls ``dispatch`` for the rest (lazy_core/csrc).
-        __torch_dispatch__ = classmethod(_native.dispatch)
-    else:
-
-        @classmethod
-        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-            return _dispatch.dispatch(func, args, kwargs or {})
+    # C: runs the op's plan (records it, makes its view) or calls its handler (dispatch.py).
+    __torch_dispatch__ = classmethod(_native.dispatch)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         cpu = to_cpu(self, cause="print")
@@ -162,6 +136,9 @@ class LazyTensor(torch.Tensor):
         return serialization.reduce(self)
 
 
+# What the C recording path needs to make tensors (dispatch.py configures the rest).
+_native.configure(tensor_type=LazyTensor, make_wrapper=make_wrapper, devices=tuple(DEVICES))
+
 if extension is not None:
     # Autograd's detaches of lazy tensors (saving an output, unpacking it in the backward) reach
     # __torch_dispatch__ straight from C++ instead of through PyTorch's lookup of the op per call.
@@ -197,13 +174,10 @@ def meta_of(t: torch.Tensor) -> Meta:
     return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
 
 
-def wrap(view: View, meta: Meta) -> LazyTensor:
-    return LazyTensor.__new__(LazyTensor, view, meta)
-
-
-def fresh(node: Node, device: int, meta: Meta) -> LazyTensor:
-    """A new tensor with its own storage holding ``node``."""
-    return LazyTensor.__new__(LazyTensor, Storage(node, device), meta)
+# A new lazy tensor holding ``view`` (a View or a Storage), of ``meta``: wrap(view, meta).
+wrap = _native.wrap
+# A new lazy tensor with its own storage holding ``node``: fresh(node, device, meta).
+fresh = _native.fresh
 
 
 def from_cpu(t: torch.Tensor, device: int) -> Storage:
@@ -246,5 +220,3 @@ def to_cpu(t: LazyTensor, cause: str = "cpu") -> torch.Tensor:
         out = torch.empty_strided(shape, layout, dtype=t.dtype).copy_(out)
     return out
 
-
-from lazy_torch import dispatch as _dispatch  # last: dispatch imports this module

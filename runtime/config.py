@@ -27,9 +27,6 @@ DONATE: bool = _flag("LAZY_DONATE", default=True)
 # step time and costs a loop whose first step is its steady one a second compile. A dead output's
 # memory is released at the next mark_step instead of at once.
 RECYCLE: bool | None = _flag("LAZY_RECYCLE", default=None)
-# Record common ops in C (lazy_core/csrc) when it is built, and make lazy tensors' wrappers in C++
-# (lazy_torch/csrc, built at first import); 0 keeps every op in Python and uses PyTorch's wrapper.
-NATIVE: bool = _flag("LAZY_NATIVE", default=True)
 # Where lazy_torch/_wrapper.py keeps the C++ wrapper module it builds at first import; empty means
 # $XDG_CACHE_HOME/lazy_torch, else ~/.cache/lazy_torch.
 EXTENSION_DIR: str = os.environ.get("LAZY_EXTENSION_DIR", "").strip()

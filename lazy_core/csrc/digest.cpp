@@ -1,5 +1,4 @@
-// Type-exact 128-bit digests of IR values (lazy_core/digest.py is the Python twin and documents
-// the serialization): what node, graph and memo keys are made of, so that values Python's hash()
+// Type-exact 128-bit digests of IR values (lazy_core/digest.py documents the serialization): what node, graph and memo keys are made of, so that values Python's hash()
 // and == conflate (-1 and -2, 8 and 8.0, True and 1, 0.0 and -0.0) never share a key.
 #include "native.h"
 
@@ -11,7 +10,7 @@ namespace lazy_native {
 
 namespace {
 
-PyObject* atoms = nullptr;  // the twin's dict: process-lifetime object -> its canonical name
+PyObject* atoms = nullptr;  // digest.py's dict: process-lifetime object -> its canonical name
 // Atoms' name digests by identity: the dict holds its atoms for the whole process and a name
 // never changes once registered (digest.py), so an address stays the same atom.
 std::unordered_map<PyObject*, Digest> atom_digests;
@@ -138,13 +137,13 @@ bool absorb_at(Hasher& h, PyObject* v, int depth) {
     return true;
 }
 
-// digest(value) -> int: the twin's digest().
+// digest(value) -> int (lazy_core/digest.py).
 PyObject* py_digest(PyObject*, PyObject* v) {
     Digest d;
     return digest_of(v, d) ? digest_int(d) : nullptr;
 }
 
-// digest_with(digest, value) -> int: the twin's digest_with().
+// digest_with(digest, value) -> int: a digest extended by a value.
 PyObject* py_digest_with(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     if (nargs != 2 || !PyLong_CheckExact(argv[0])) {
         PyErr_SetString(PyExc_TypeError, "digest_with(digest: int, value)");
@@ -165,7 +164,7 @@ PyObject* py_digest_with(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     return digest_int(h.done());
 }
 
-// use_atoms(dict): digests read atoms' names from this dict (the twin's) from now on.
+// use_atoms(dict): digests read atoms' names from this dict (lazy_core/digest.py's) from now on.
 PyObject* use_atoms(PyObject*, PyObject* d) {
     if (!PyDict_Check(d)) {
         PyErr_SetString(PyExc_TypeError, "use_atoms(dict)");

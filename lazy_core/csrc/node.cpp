@@ -1,5 +1,5 @@
-// The IR Node type of lazy_core/ir.py as a C type (ir.py documents it and keeps a Python twin for
-// builds without this extension), and the graph cut's walk (graph.py's _walk, its twin).
+// The IR Node type of lazy_core/ir.py (which documents it), and the graph cut's walk (graph.py's
+// cut_graph says what it returns).
 #include "native.h"
 
 #include <cstdio>
@@ -9,7 +9,7 @@
 namespace lazy_native {
 
 // ----------------------------------------------------------------------------------------------
-// Node: same attributes and same structural digest as the Python twin.
+// Node.
 
 PyObject* current_site = Py_None;  // the user site new nodes are attributed to (attribute_to)
 

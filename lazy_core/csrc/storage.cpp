@@ -1,6 +1,5 @@
-// The Storage type of lazy_core/value.py and the View type of lazy_core/view.py as C types (the
-// Python modules document them and keep Python twins for builds without this extension), and the
-// registry of live storages.
+// The Storage type of lazy_core/value.py and the View type of lazy_core/view.py (the Python
+// modules document them), the registry of live storages and a barrier's per-storage bookkeeping.
 //
 // The registry is a list threaded through the storages themselves, in creation order: a storage
 // joins it when made and leaves it in its dealloc, so it needs no weak reference and the registry
@@ -11,6 +10,7 @@
 // holding one.
 #include "native.h"
 
+#include <unordered_map>
 #include <vector>
 
 namespace lazy_native {

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lazy_torch
-from lazy_torch import dispatch
+from lazy_torch import recording
 from runtime import executor
 
 
@@ -91,7 +91,7 @@ def test_memo_entries_are_not_shared_between_int_float_and_bool():
     keys = set()
     for end in (8, 8.0, True, 1):
         torch.arange(end, device="lazy")
-        keys.add(dispatch.memo_key("aten.arange.default", ((end,), ()), (), []))
+        keys.add(recording.memo_key(torch.ops.aten.arange.default, (end,), {}))
     assert len(keys) == 4
     assert torch.arange(True, device="lazy").dtype == torch.arange(True).dtype
     assert torch.arange(1, device="lazy").dtype == torch.int64

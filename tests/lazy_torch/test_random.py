@@ -287,7 +287,7 @@ def test_every_random_lowering_gets_the_device_rng_state():
     for name in random_ops:
         packet, _, overload = name.removeprefix("aten.").partition(".")
         func = getattr(getattr(torch.ops.aten, packet), overload)
-        handler = dispatch._handlers.get(id(func)) or dispatch._resolve(func)
+        handler = dispatch.handler_of(func)
         assert handler.__module__ == ops.__name__, name
     o = torch.empty(0, device="lazy")
     torch.normal(1.5, 0.25, (4,), out=o)

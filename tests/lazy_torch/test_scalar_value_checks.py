@@ -338,7 +338,6 @@ def test_accepted_suspect_numbers_are_replayed_once(monkeypatch):
     assert len(calls) == 1
 
 
-@pytest.mark.skipif(_native is None, reason="the C fast path is off")
 def test_checked_ops_stay_on_the_c_fast_path():
     x, y, m = torch.ones(4, device=DEV), torch.ones(4, device=DEV), torch.ones(2, 2, device=DEV)
     calls = [

@@ -10,7 +10,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
 import lazy_torch
-from lazy_torch import dispatch, shapes, strides
+from lazy_torch import dispatch, recording, shapes, strides
 
 DEV = lazy_torch.device()
 aten = torch.ops.aten
@@ -268,13 +268,13 @@ def test_shrunk_replays_agree_with_full_size_ones(monkeypatch, program):
     monkeypatch.setattr(strides, "_cheap", lambda *a: False)
     cache: dict = {}  # every call a miss ...
     monkeypatch.setattr(shapes, "meta_cache", cache)
-    monkeypatch.setattr(dispatch, "meta_cache", cache)
-    dispatch._configure_native()  # ... in C too
+    monkeypatch.setattr(recording, "meta_cache", cache)
+    recording.configure(dispatch.dispatch)  # ... in C too
     try:
         _compare(program, values=False)
     finally:
         monkeypatch.undo()
-        dispatch._configure_native()
+        recording.configure(dispatch.dispatch)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,16 +1,16 @@
-"""The C recording fast path records exactly what the Python path records, and hands back
-everything it does not handle (errors included)."""
+"""Recording (lazy_torch/recording.py, lazy_torch/csrc/record.cpp): the C dispatch's attempt
+records exactly what the op's handler records, declines to the handler everything it must decide
+(errors included), and the recorders make the nodes their contracts say."""
 
 import pytest
 import torch
 
 import lazy_torch
 from lazy_core import scalar_leaf
-from lazy_torch import dispatch as python_path
+from lazy_core.ir import Operand
+from lazy_torch import dispatch, recording
 from lazy_torch.tensor import _native, dense_meta
 
-if _native is None:
-    pytest.skip("the C fast path is not built or LAZY_NATIVE=0", allow_module_level=True)
 aten = torch.ops.aten
 LAZY = torch.device("lazy", 0)
 
@@ -58,7 +58,7 @@ def _outputs(out):
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_fast_path_records_what_the_python_path_records(case):
+def test_dispatch_in_c_records_what_the_handler_records(case):
     func, build, kwargs = CASES[case]
     cpu_inputs, lazy_inputs = _lazy_inputs()
     args = build(*lazy_inputs)
@@ -66,7 +66,7 @@ def test_fast_path_records_what_the_python_path_records(case):
     before = _native.stats()["native"]
     fast = _outputs(func(*args, **kwargs))
     assert _native.stats()["native"] == before + 1, "the op was not recorded in C"
-    slow = _outputs(python_path.dispatch(func, args, dict(kwargs)))
+    slow = _outputs(dispatch.dispatch(func, args, dict(kwargs)))
     assert len(fast) == len(slow)
     for f, s in zip(fast, slow):
         assert type(f) is type(s)
@@ -81,7 +81,7 @@ def test_fast_path_records_what_the_python_path_records(case):
         torch.testing.assert_close(f.cpu(), e)
 
 
-def test_errors_come_from_the_python_path():
+def test_errors_are_eager_errors():
     x = torch.randn(4, 3, device="lazy")
     x + x  # cached shapes for (4, 3) + (4, 3)
     with pytest.raises(RuntimeError, match="must match the size"):
@@ -90,7 +90,7 @@ def test_errors_come_from_the_python_path():
         x + torch.randn(4, 3)
 
 
-def test_copies_to_another_device_go_to_the_python_path():
+def test_copies_to_another_device_go_to_the_handler():
     x = torch.randn(4, 3, device="lazy")
     x.to(torch.float16)
     before = _native.stats()
@@ -101,7 +101,7 @@ def test_copies_to_another_device_go_to_the_python_path():
     torch.testing.assert_close(cpu, half.cpu())
 
 
-def test_sites_are_recorded_on_the_python_path():
+def test_sites_are_recorded_by_the_handler():
     x = torch.randn(4, 3, device="lazy")
     x * 2.0
     previous = lazy_torch.debug.record_sites(True)
@@ -109,7 +109,7 @@ def test_sites_are_recorded_on_the_python_path():
         y = x * 2.0
     finally:
         lazy_torch.debug.record_sites(previous)
-    assert y._lazy.node.site.endswith(f"test_native_dispatch.py:{_line_of('y = x * 2.0')}")
+    assert y._lazy.node.site.endswith(f"test_recording.py:{_line_of('y = x * 2.0')}")
 
 
 def test_nodes_of_equal_calls_share_one_template():
@@ -117,7 +117,7 @@ def test_nodes_of_equal_calls_share_one_template():
     a, b = x * 2.5 + x, x * 3.5 + x  # other numbers, one template: mul(%0, %1), add(%0, %1)
     assert a._lazy.node.arg is b._lazy.node.arg
     assert a._lazy.node.src[0].arg is b._lazy.node.src[0].arg
-    previous = lazy_torch.debug.record_sites(True)  # every op takes the Python path
+    previous = lazy_torch.debug.record_sites(True)  # every op goes to its handler
     try:
         c = x * 4.5 + x
     finally:
@@ -131,23 +131,22 @@ def _line_of(text: str) -> int:
 
 
 @pytest.mark.parametrize("count", [3, 300])  # 300 tensors: past the table of operand markers
-def test_foreach_elements_match_the_python_path(count):
-    plan = python_path._plan(aten.addcmul.default)
+def test_foreach_elements_share_one_operand_list(count):
+    plan = recording.plan_of(aten.addcmul.default)
     xs = [torch.randn(2, i % 3 + 1) for i in range(count)]
     lazy = [t.to("lazy") for t in xs]
     calls = [((t, t, t), {"value": 0.5}) for t in lazy]
-    python_path._elements(aten.addcmul.default, plan, calls)  # fills the shape memo
-    fast = _native.elements(plan.native, calls)
-    assert fast is not None, "the elements were not templated in C"
-    srcs, templates, metas, device, counts = fast
-    slow_srcs, slow_templates, slow_metas, slow_device, slow_counts = python_path._elements(
-        aten.addcmul.default, plan, calls
-    )
-    assert [n.hash for n in srcs] == [n.hash for n in slow_srcs]
-    assert templates == slow_templates and list(metas) == list(slow_metas)
-    assert device == slow_device and counts == slow_counts == (4,) * count  # 3 tensors, value
+    srcs, templates, metas, device, counts = _native.elements(plan, calls)
+    assert device == 0 and counts == (4,) * count  # 3 tensors and the value, per element
+    assert len(srcs) == 4 * count
+    for i, t in enumerate(lazy):
+        assert srcs[4 * i : 4 * i + 3] == (t._lazy.node,) * 3
+        assert srcs[4 * i + 3].op == "scalar" and srcs[4 * i + 3].payload == 0.5
+        assert metas[i] == t._meta
     # Markers count from each element's first operand: elements of one shape share a template.
-    assert len(set(templates)) == 1 and len({id(t) for t in templates}) == min(count, 3)
+    marks = (Operand(0), Operand(1), Operand(2))
+    assert set(templates) == {(marks, (("value", Operand(3)),))}
+    assert len({id(t) for t in templates}) == min(count, 3)
     out = torch._foreach_addcmul(lazy, lazy, lazy, value=0.5)
     expected = torch._foreach_addcmul(xs, xs, xs, value=0.5)
     lazy_torch.mark_step()
@@ -156,30 +155,31 @@ def test_foreach_elements_match_the_python_path(count):
 
 
 def _foreach_found(func, calls):
-    plan = python_path._plan(func)
-    srcs, templates, metas, device, counts = python_path._elements(func, plan, calls)
-    return srcs, python_path.foreach_arg(plan.name, srcs, templates, counts), metas, device
+    plan = recording.plan_of(func)
+    srcs, templates, metas, device, counts = _native.elements(plan, calls)
+    return srcs, recording.foreach_arg(plan.name, srcs, templates, counts), metas, device
 
 
-def test_foreach_outputs_match_the_python_path():
+def test_foreach_outputs_are_one_node():
     xs = [torch.randn(2, i + 1, device="lazy") for i in range(4)]
     found = _foreach_found(aten.mul.Tensor, [((t, t), {}) for t in xs])
-    fast = _native.foreach_outputs(python_path.FOREACH, *found, None)
-    slow = python_path._foreach_outputs(python_path.FOREACH, *found, None)
-    assert type(fast) is list and len(fast) == len(slow) == 4
-    for f, s in zip(fast, slow):
-        assert f._meta == s._meta and f._lazy.node.hash == s._lazy.node.hash
+    out = _native.foreach_outputs(recording.FOREACH, *found, None)
+    assert type(out) is list and len(out) == 4
+    node = out[0]._lazy.node.src[0]
+    assert node.op == recording.FOREACH and node.num_outputs == 4
+    for i, (o, x) in enumerate(zip(out, xs)):
+        assert o._meta == x._meta and o._lazy.node.op == "getitem" and o._lazy.node.arg == i
+        assert o._lazy.node.src[0] is node
     # In place: each target's storage gets its output of one shared node.
-    fast_targets = [t.clone() for t in xs]
-    slow_targets = [t.clone() for t in xs]
-    assert _native.foreach_outputs(python_path.FOREACH, *found, fast_targets) is fast_targets
-    python_path._foreach_outputs(python_path.FOREACH, *found, slow_targets)
-    nodes = [t._lazy.node for t in fast_targets]
+    targets = [t.clone() for t in xs]
+    assert _native.foreach_outputs(recording.FOREACH, *found, targets) is targets
+    nodes = [t._lazy.node for t in targets]
     assert len({id(n.src[0]) for n in nodes}) == 1
-    assert [n.hash for n in nodes] == [t._lazy.node.hash for t in slow_targets]
+    assert nodes[0].src[0].digest == node.digest
     lazy_torch.mark_step()
-    for t, x in zip(fast_targets, xs):
+    for o, t, x in zip(out, targets, xs):
         torch.testing.assert_close(t.cpu(), x.cpu() * x.cpu())
+        torch.testing.assert_close(o.cpu(), x.cpu() * x.cpu())
 
 
 @pytest.mark.parametrize(
@@ -196,13 +196,12 @@ def test_foreach_outputs_decline_what_does_not_fit(case):
     elif case == "target of another dtype":
         targets = [xs[0], torch.randn(3, dtype=torch.float64, device="lazy")]
     before = [t._lazy.node for t in targets or xs]
-    assert python_path._foreach_outputs(python_path.FOREACH, *found, targets) is None
-    assert _native.foreach_outputs(python_path.FOREACH, *found, targets) is None
+    assert _native.foreach_outputs(recording.FOREACH, *found, targets) is None
     assert [t._lazy.node for t in targets or xs] == before
 
 
 @pytest.mark.parametrize("metas", ["one", "tuple", "list"])
-def test_record_op_matches_the_python_path(metas, monkeypatch):
+def test_record_op_makes_one_node_over_its_values(metas):
     x, w = torch.randn(4, 3, device="lazy"), torch.randn(5, 3, device="lazy")
     leaf = scalar_leaf(0.5, "float64")
     values = [x, w, 2.5, 0, leaf]  # tensors, a graph scalar, a constant, a node
@@ -212,26 +211,34 @@ def test_record_op_matches_the_python_path(metas, monkeypatch):
         "tuple": (one, None, dense_meta((5,), torch.float64)),
         "list": [None, one],
     }[metas]
-    attrs, kwargs = (True, "a"), (("_precision", "highest"),)
-    fast = _native.outputs("lazy.test", values, attrs, kwargs, meta)
-    monkeypatch.setattr(python_path, "_native", None)
-    slow = python_path.record_op("lazy.test", values, attrs, meta, matmul=True)
-    assert type(fast) is type(slow)
-    for f, s in zip(_outputs(fast), _outputs(slow)):
-        assert (f is None) == (s is None)
-        if f is not None:
-            assert type(f) is type(s) and f._meta == s._meta
-            assert f._lazy.node.hash == s._lazy.node.hash
-            assert f._lazy.node.arg == s._lazy.node.arg
+    torch.set_float32_matmul_precision("high")
+    try:
+        out = recording.record_op("lazy.test", values, (True, "a"), meta, matmul=True)
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    outs = _outputs(out)
+    assert type(out) is (lazy_torch.LazyTensor if metas == "one" else type(meta))
+    metas_list = [meta] if metas == "one" else list(meta)
+    assert [o is None for o in outs] == [m is None for m in metas_list]
+    nodes = [o._lazy.node for o in outs if o is not None]
+    node = nodes[0] if metas == "one" else nodes[0].src[0]
+    assert node.op == "lazy.test"
+    assert node.arg == ((tuple(Operand(i) for i in range(5)), True, "a"), (("_precision", "high"),))
+    assert node.src[:2] == (x._lazy.node, w._lazy.node) and node.src[4] is leaf
+    assert (node.src[2].op, node.src[2].payload) == ("scalar", 2.5)
+    assert (node.src[3].op, node.src[3].arg) == ("constant", (True, 0))
+    for o, m in zip(outs, metas_list):
+        if o is not None:
+            assert type(o) is lazy_torch.LazyTensor and o._meta == m
 
 
-def test_record_op_hands_errors_to_the_python_path():
+def test_record_op_raises_eager_errors():
     x, cpu = torch.randn(2, device="lazy"), torch.randn(2)
     meta = dense_meta((2,), torch.float32)
-    assert _native.outputs("lazy.test", [x, cpu], (), (), meta) is None
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
-        python_path.record_op("lazy.test", [x, cpu], (), meta)
+        recording.record_op("lazy.test", [x, cpu], (), meta)
     unnamed = dense_meta((2,), torch.float8_e4m3fn)  # a dtype the graph has no name for
-    assert _native.outputs("lazy.test", [x], (), (), unnamed) is None
     with pytest.raises(TypeError, match="float8_e4m3fn is not supported on the lazy device"):
-        python_path.record_op("lazy.test", [x], (), unnamed)
+        recording.record_op("lazy.test", [x], (), unnamed)
+    with pytest.raises(TypeError, match="an operand is a tensor, a Node or a number"):
+        recording.record_op("lazy.test", [x, "text"], (), meta)

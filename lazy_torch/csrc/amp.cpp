@@ -159,12 +159,12 @@ PyTypeObject CastKernelType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 bool add_autocast(PyObject* module) {
     s_stack = PyUnicode_InternFromString("stack");
     if (s_stack == nullptr) return false;
-    CastKernelType.tp_name = "lazy_core._native.CastKernel";
+    CastKernelType.tp_name = "lazy_torch._native.CastKernel";
     CastKernelType.tp_basicsize = sizeof(CastKernel);
     CastKernelType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
     CastKernelType.tp_doc =
         "CastKernel(call, lower, shared): an autocast kernel that casts the lazy operands of "
-        "``call`` (see lazy_core/csrc/amp.cpp).";
+        "``call`` (see lazy_torch/csrc/amp.cpp).";
     CastKernelType.tp_new = kernel_new;
     CastKernelType.tp_dealloc = (destructor)kernel_dealloc;
     CastKernelType.tp_call = PyVectorcall_Call;
