@@ -18,6 +18,7 @@ from lazy_torch import (  # noqa: F401
     attention,
     data_dependent,
     debug,
+    dispatch,
     device_module,
     dynamo,  # registers torch.compile's backend "lazy" (Dynamo is imported on first use)
     fused,
@@ -36,7 +37,8 @@ from lazy_torch.tensor import LazyTensor
 
 optim_support.install()
 device_module.register()
-scalar_checks.install()  # last: it wraps the handlers the modules above registered
+# Last: it wraps the handlers the modules above registered.
+dispatch.check_values(scalar_checks.CHECKS.values())
 
 
 def device(index: int = 0) -> torch.device:

@@ -24,7 +24,7 @@ the cause and the user's line.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -38,7 +38,6 @@ from lazy_torch import results, step_state
 from lazy_torch import rng as _rng
 from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
-from lazy_torch.dynamo import compile_session
 from lazy_torch.guards import changed_attribute
 from lazy_torch.side_effects import Effects, HostState, grad_fns
 from lazy_torch.sites import user_site
@@ -47,6 +46,27 @@ from lazy_torch.tensor import LazyTensor, dense_meta, fresh
 CAPTURE_LIMIT = 64  # captures per compiled object; then it runs op by op for good
 EAGER = "op by op"  # a guard set whose calls cannot be captured
 SESSION = "in a compile session"  # a guard set whose next call captures in a compile session
+
+
+@contextlib.contextmanager
+def compile_session() -> Iterator[None]:
+    """``torch.compiler.is_compiling()`` is True inside, as in a compile session of PyTorch's own.
+
+    ``lazy_torch.compile`` watches a call in one after the previous call under the same guards
+    synced: a trace whose Python never runs again. Libraries take their traceable paths there:
+    transformers builds the attention mask instead of asking ``attention_mask.all()`` whether
+    it may skip it, a sync that kept every model given an attention mask from being captured.
+    It sets ``torch.compiler``'s ``_is_compiling_flag``, which ``is_compiling()`` returns
+    outside TorchScript (torch 2.11 and 2.13; tests/lazy_torch/test_dynamo.py checks that it
+    still does)."""
+    compiler = torch.compiler
+    before = compiler._is_compiling_flag
+    compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        compiler._is_compiling_flag = before
+
 
 
 class _Slot:

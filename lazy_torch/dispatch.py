@@ -10,7 +10,8 @@ it calls the handler where the plan declines.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from lazy_torch import fallback as _fallback
 from lazy_torch import recording, variants
 from lazy_torch import sites as _sites
 from lazy_torch import tensor as _tensor
+from lazy_torch.backend import BACKEND
 from lazy_torch.foreach import foreach_handler
 from lazy_torch.recording import RECORD, SHARE, plan_of, record, record_elements, share_plan
 from lazy_torch.resize import fallback_out_variant, out_variant
@@ -30,8 +32,7 @@ from lazy_torch.views import STORAGE_RELATIVE, VIEWS
 
 Handler = Callable[[Any, tuple, dict], Any]
 
-# Keyed by id(func): OpOverloads live for the whole process, and their __hash__ is Python code.
-_handlers: dict[int, Handler] = {}
+_handlers = BACKEND.handlers  # id(op) -> handler (backend.py)
 
 
 def special(*funcs: Any, plan: int | None = None) -> Callable[[Handler], Handler]:
@@ -77,6 +78,27 @@ def recorded(func: Any, args: tuple, kwargs: dict) -> Any:
         if getattr(e, "eager_dtype_error", False):  # not a missing lowering
             raise
         return _fallback.run(func, args, kwargs)
+
+
+def check_values(checks: Iterable[Any]) -> None:
+    """Make every call of each op of ``checks`` (scalar_checks.py's ValueChecks) run its check
+    first: wrap the op's handler, and hand the check to the C dispatch, which runs it before
+    recording the op itself. Run once, after every module has registered its handlers."""
+    for check in checks:
+        op = check.op
+        handler = handler_of(op)
+        special(op, plan=RECORD if handler is recorded else None)(_checked(check, handler))
+        if check.positions:
+            _native.value_check(op, (check, check.positions, check.names))
+
+
+def _checked(check: Callable, handler: Handler) -> Handler:
+    @functools.wraps(handler)  # it is the same handler, its check first
+    def handle(func: Any, args: tuple, kwargs: dict) -> Any:
+        check(args, kwargs)
+        return handler(func, args, kwargs)
+
+    return handle
 
 
 def _resolve(func: Any) -> Handler:

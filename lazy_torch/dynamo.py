@@ -43,13 +43,12 @@ registry when Dynamo itself is imported (at once if it already is), without impo
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.abc
 import importlib.metadata
 import importlib.util
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -200,25 +199,6 @@ def install() -> None:
     _patch_meta_converter()
     _skip_project_frames()
     _installed = True
-
-
-@contextlib.contextmanager
-def compile_session() -> Iterator[None]:
-    """``torch.compiler.is_compiling()`` is True inside, as in a compile session of PyTorch's own.
-
-    ``lazy_torch.compile`` watches a call in one after the previous call under the same guards
-    synced: a trace whose Python never runs again. Libraries take their traceable paths there:
-    transformers builds the attention mask instead of asking ``attention_mask.all()`` whether
-    it may skip it, a sync that kept every model given an attention mask from being captured. It sets ``torch.compiler``'s
-    ``_is_compiling_flag``, which ``is_compiling()`` returns outside TorchScript (torch 2.11 and
-    2.13; tests/lazy_torch/test_dynamo.py checks that it still does)."""
-    compiler = torch.compiler
-    before = compiler._is_compiling_flag
-    compiler._is_compiling_flag = True
-    try:
-        yield
-    finally:
-        compiler._is_compiling_flag = before
 
 
 # ----------------------------------------------------------------------------------------------

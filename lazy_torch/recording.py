@@ -19,7 +19,8 @@ from lazy_core.ir import GETITEM, OPERANDS, Elements, operands
 from lazy_torch import sites as _sites
 from lazy_torch import tensor as _tensor
 from lazy_torch._dtypes import DTYPE_NAMES, dtype_name
-from lazy_torch.shapes import MATMUL_OPS, memo_entry, meta_cache
+from lazy_torch.backend import BACKEND
+from lazy_torch.shapes import MATMUL_OPS, memo_entry
 from lazy_torch.tensor import DEVICES, _native
 
 # The IR op of a foreach call recorded whole: arguments (element op, per-element templates).
@@ -43,15 +44,12 @@ def _is_numeric(t: Any) -> bool:
     return isinstance(t, (torch._C.NumberType, torch._C.TensorType))
 
 
-_plans: dict[int, Plan] = {}  # id(func) -> its RECORD plan; ops live for the whole process
-
-
 def plan_of(func: Any) -> Plan:
     """``func``'s RECORD plan: which argument slots take Python numbers as graph operands (Scalar
     slots, and Tensor slots, where ``x * 2`` passes a number), and whether it is a matmul, whose
     node records the float32 precision in force. Factories (no tensor argument) bake their numbers
     in: they decide the output shape."""
-    plan = _plans.get(id(func))
+    plan = BACKEND.plans.get(id(func))
     if plan is None:
         arguments = func._schema.arguments
         operands = any("Tensor" in str(a.type) for a in arguments)
@@ -60,12 +58,12 @@ def plan_of(func: Any) -> Plan:
         names = frozenset(a.name for n, a in zip(numeric, arguments) if n and a.kwarg_only)
         name = str(func)
         precision = matmul_precision if name in MATMUL_OPS else None
-        plan = _plans[id(func)] = Plan(RECORD, func, name, mask, names, precision)
+        plan = BACKEND.plans[id(func)] = Plan(RECORD, func, name, mask, names, precision)
     return plan
 
 
 def view_plan(func: Any, storage_relative: bool) -> Plan:
-    """A view op's plan: its tensors from the view memo (``view_cache``)."""
+    """A view op's plan: its tensors from the view memo (``BACKEND.view_cache``)."""
     return Plan(VIEW, func, str(func), storage_relative=storage_relative)
 
 
@@ -158,11 +156,6 @@ def bound_arguments(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     }
 
 
-# View key -> (output Meta or Metas, view steps): a view's steps depend only on its arguments'
-# metadata, so one lookup replaces shape inference and building them.
-view_cache: dict[tuple, tuple] = {}
-
-
 def configure(fallback: Callable) -> None:
     """Hand the C recording path what it calls back into: ``fallback(func, args, kwargs)`` runs
     an op's handler; ``tensor.make_wrapper`` makes its tensors."""
@@ -171,7 +164,7 @@ def configure(fallback: Callable) -> None:
         foreign_type=torch.Tensor,
         fallback=fallback,
         flags=vars(_sites),
-        meta_cache=meta_cache,
+        meta_cache=BACKEND.meta_cache,
         memo_entry=memo_entry,
         dtype_type=torch.dtype,
         dtype_names=DTYPE_NAMES,
@@ -184,7 +177,7 @@ def configure(fallback: Callable) -> None:
         constant=constant,
         storage=Storage,
         operands=OPERANDS,
-        view_cache=view_cache,
+        view_cache=BACKEND.view_cache,
         make_wrapper=_tensor.make_wrapper,
         devices=tuple(DEVICES),
         getitem_op=GETITEM,

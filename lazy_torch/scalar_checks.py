@@ -17,7 +17,6 @@ out= forms reach the check through their functional op; foreach ops through thei
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -26,7 +25,8 @@ from typing import Any
 import torch
 
 from lazy_core import digest
-from lazy_torch.tensor import LazyTensor, _native
+from lazy_torch import eager_checks
+from lazy_torch.tensor import LazyTensor
 
 aten = torch.ops.aten
 _NUMBERS = (bool, int, float, complex)
@@ -483,40 +483,4 @@ MEMO_RULES: dict[int, Callable[[Any, tuple, dict, Any], Any]] = {
     id(aten.linspace.default): _linspace_values,
 }
 
-
-# ----------------------------------------------------------------------------------------------
-# Installation.
-
-_installed = False
-
-
-def install() -> None:
-    """Make every call of an op in ``CHECKS`` run its check: wrap the op's handler, and hand the
-    check to its record plan in C (a plan registered now, for an op recorded by ``recorded``).
-    Run once, after every module has registered its handlers."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    from lazy_torch import dispatch, eager_checks  # dispatch's modules import this one
-    from lazy_torch.recording import RECORD
-
-    eager_checks.MEMO_RULES.update(MEMO_RULES)
-    for check in CHECKS.values():
-        op = check.op
-        # The handler dispatch gives the op now, or would give it at its first call (private to
-        # dispatch.py, which this module leaves alone).
-        handler = dispatch.handler_of(op)
-        plan = RECORD if handler is dispatch.recorded else None
-        dispatch.special(op, plan=plan)(_checked(check, handler))
-        if check.positions:
-            _native.value_check(op, (check, check.positions, check.names))
-
-
-def _checked(check: ValueCheck, handler: Callable) -> Callable:
-    @functools.wraps(handler)  # it is the same handler, its check first
-    def handle(func: Any, args: tuple, kwargs: dict) -> Any:
-        check(args, kwargs)
-        return handler(func, args, kwargs)
-
-    return handle
+eager_checks.MEMO_RULES.update(MEMO_RULES)

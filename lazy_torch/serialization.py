@@ -59,8 +59,23 @@ _INDEXABLE = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64
 _images: weakref.WeakValueDictionary[int, torch.UntypedStorage] = weakref.WeakValueDictionary()
 
 
+def reduce_ex(t: LazyTensor, protocol: int) -> tuple:
+    """``LazyTensor.__reduce_ex__``, as PyTorch pickles CUDA tensors and parameters: a parameter
+    stays a parameter, and a tensor is rebuilt from its storage, offset and strides."""
+    if getattr(t, "_is_param", False):
+        state = {k: v for k, v in t.__dict__.items() if k not in ("_lazy", "_meta", "_is_param")}
+        args = (t.detach(), t.requires_grad, collections.OrderedDict())
+        if state:
+            return (torch._utils._rebuild_parameter_with_state, (*args, state))
+        return (torch._utils._rebuild_parameter, args)
+    return reduce(t)
+
+
+LazyTensor.__reduce_ex__ = reduce_ex
+
+
 def reduce(t: LazyTensor) -> tuple:
-    """``t.__reduce_ex__``: eager's rebuild of a tensor from its storage, offset and strides."""
+    """Eager's rebuild of a lazy tensor from its storage, offset and strides."""
     image, offset, stride = _image_of(t)
     shape, _, _, dtype = t._meta
     if dtype in _V3_DTYPES:

@@ -1,5 +1,6 @@
-"""Shape inference: PyTorch's meta kernels run on meta tensors laid out as the lazy ones, memoized by
-op and argument metadata, with eager's errors where meta kernels raise other ones or none."""
+"""Shape inference: PyTorch's meta kernels run on meta tensors laid out as the lazy ones,
+memoized by op and argument metadata, with eager's errors where meta kernels raise other ones or
+none."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import torch
 
 from lazy_torch import dtype_checks as _dtype_checks
+from lazy_torch.backend import BACKEND
 from lazy_torch.eager_checks import eager_memo_rule
 from lazy_torch.strides import output_meta
 from lazy_torch.tensor import LazyTensor
@@ -39,10 +41,6 @@ FALLBACK_EXCEPTIONS = (
     torch._subclasses.fake_tensor.DataDependentOutputException,
 )
 
-# Memo keys are (op name, type-exact digest of the template and operand keys): ``8`` and ``8.0``,
-# ``True`` and ``1``, ``0.0`` and ``-0.0`` are different calls (lazy_core/digest.py). Operand
-# keys hold dtypes and Python number types, atoms registered by _dtypes.py.
-meta_cache: dict[tuple[str, int], tuple] = {}
 
 
 def is_single_meta(meta: Any) -> bool:
@@ -76,7 +74,9 @@ def infer(func: Any, args: tuple, kwargs: dict, key: tuple) -> Any:
 def memo_entry(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any = None) -> tuple:
     """The memo entry of a call: its output metadata, and ``template`` as first recorded (for a
     recorded call, the nodes of equal calls share it instead of one each)."""
-    entry = meta_cache.get(key)
+    # The shape memo (backend.py); operand keys hold dtypes and Python number types, atoms
+    # registered by _dtypes.py.
+    entry = BACKEND.meta_cache.get(key)
     if entry is None:
         margs = _to_meta(args, True)  # 0-dim CPU tensors too: eager CUDA takes them as scalars
         mkwargs = {k: _to_meta(v, True) for k, v in kwargs.items()}
@@ -97,7 +97,7 @@ def memo_entry(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any =
         result = eager_memo_rule(func, margs, mkwargs, result)  # what meta kernels miss
         _dtype_checks.check(func, margs, mkwargs)  # eager's kernels refuse some dtypes
         # Metas with eager's strides, which meta kernels' layout rules do not always give
-        entry = meta_cache[key] = (output_meta(func, args, kwargs, result), template)
+        entry = BACKEND.meta_cache[key] = (output_meta(func, args, kwargs, result), template)
     return entry
 
 

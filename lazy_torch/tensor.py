@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import copy
 from collections.abc import Iterable
 from typing import Any
@@ -120,20 +119,8 @@ class LazyTensor(torch.Tensor):
             raise TypeError(f"unsupported format string passed to {kind}.__format__")
         return str(self)
 
-    def __reduce_ex__(self, protocol):
-        # As PyTorch pickles CUDA tensors and parameters (serialization.py): a parameter stays
-        # a parameter, and a tensor is rebuilt from its storage, offset and strides.
-        if getattr(self, "_is_param", False):
-            state = {
-                k: v for k, v in self.__dict__.items() if k not in ("_lazy", "_meta", "_is_param")
-            }
-            args = (self.detach(), self.requires_grad, collections.OrderedDict())
-            if state:
-                return (torch._utils._rebuild_parameter_with_state, (*args, state))
-            return (torch._utils._rebuild_parameter, args)
-        from lazy_torch import serialization
+    # Pickling (torch.save, copy) is serialization.py's: it sets __reduce_ex__.
 
-        return serialization.reduce(self)
 
 
 # What the C recording path needs to make tensors (dispatch.py configures the rest).

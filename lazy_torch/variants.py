@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from lazy_torch.backend import BACKEND
 from lazy_torch.eager_checks import check_inplace_overlap
-from lazy_torch.recording import memo_key, record, view_cache, view_key
+from lazy_torch.recording import memo_key, record, view_key
 from lazy_torch.resize import become
 from lazy_torch.shapes import check_like_eager, infer, is_single_meta
 from lazy_torch.tensor import LazyTensor, wrap
@@ -109,18 +110,19 @@ def decomposed(decomp: Callable) -> Handler:
 
 
 def view(build: Callable, storage_relative: bool) -> Handler:
-    """A view op: its Meta(s) and view steps from the view memo (``build`` makes the steps on a
-    miss), then tensors on the argument's view, or on its storage for a ``storage_relative`` op
-    whose steps start there. dispatch() in C does the same on a hit."""
+    """A view op: its Meta(s) and view steps from the view memo (a view's steps depend only on
+    its arguments' metadata, so one lookup replaces shape inference and building them; ``build``
+    makes the steps on a miss), then tensors on the argument's view, or on its storage for a
+    ``storage_relative`` op whose steps start there. dispatch() in C does the same on a hit."""
 
     def handle(func: Any, args: tuple, kwargs: dict) -> Any:
         self = args[0]
         key = view_key(func, args, kwargs)
-        entry = view_cache.get(key)
+        entry = BACKEND.view_cache.get(key)
         if entry is None:
             meta = infer(func, args, kwargs, key)
             steps = build(args, kwargs, meta if is_single_meta(meta) else list(meta), self._meta)
-            entry = view_cache[key] = (meta, tuple(steps))
+            entry = BACKEND.view_cache[key] = (meta, tuple(steps))
         meta, steps = entry
         parent = self._lazy
         if storage_relative and steps[0].op == STORAGE_STEP:

@@ -16,6 +16,7 @@ from torch import nn
 
 import lazy_torch
 import lazy_torch.dynamo as lazy_dynamo  # registers the name where lazy_torch does not yet
+from lazy_torch import capture
 from tests.lazy_torch.models import SmallCNN, data, mlp
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -245,13 +246,13 @@ def test_compile_session_sets_what_is_compiling_reads():
     # lazy_torch.compile's watched call after one that synced runs inside compile_session(), so
     # libraries take the traceable paths they take under torch.compile (transformers' masks).
     assert not torch.compiler.is_compiling()
-    with lazy_dynamo.compile_session():
+    with capture.compile_session():
         assert torch.compiler.is_compiling()
-        with lazy_dynamo.compile_session():
+        with capture.compile_session():
             assert torch.compiler.is_compiling()
         assert torch.compiler.is_compiling()
     assert not torch.compiler.is_compiling()
-    with pytest.raises(ValueError), lazy_dynamo.compile_session():
+    with pytest.raises(ValueError), capture.compile_session():
         raise ValueError
     assert not torch.compiler.is_compiling()
 

@@ -10,7 +10,8 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
 import lazy_torch
-from lazy_torch import dispatch, recording, shapes, strides
+from lazy_torch import dispatch, recording, strides
+from lazy_torch.backend import BACKEND
 
 DEV = lazy_torch.device()
 aten = torch.ops.aten
@@ -267,8 +268,7 @@ def test_in_place_and_out_keep_their_tensors_layouts(n):
 def test_shrunk_replays_agree_with_full_size_ones(monkeypatch, program):
     monkeypatch.setattr(strides, "_cheap", lambda *a: False)
     cache: dict = {}  # every call a miss ...
-    monkeypatch.setattr(shapes, "meta_cache", cache)
-    monkeypatch.setattr(recording, "meta_cache", cache)
+    monkeypatch.setattr(BACKEND, "meta_cache", cache)
     recording.configure(dispatch.dispatch)  # ... in C too
     try:
         _compare(program, values=False)
