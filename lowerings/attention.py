@@ -9,7 +9,9 @@ attention kernels do. Rows masked out entirely give zeros (log-sum-exp 0), as in
 On CUDA GPUs, 16-bit attention without a mask tensor runs as cuDNN's flash attention
 (``jax.nn.dot_product_attention``), as eager CUDA PyTorch runs it: no (L, S) scores reach memory.
 Its backward recomputes the forward inside cuDNN, so the backward node reads neither ``out`` nor the
-log-sum-exp; the forward node's log-sum-exp comes from the scores only where a graph uses it.
+log-sum-exp; the forward node's log-sum-exp comes from the scores only where a graph uses it. These
+are the ops' ``platform="cuda"`` kernels, which decline (``NotImplemented``) the calls cuDNN does
+not take, leaving them to the generic rules.
 """
 
 from __future__ import annotations
@@ -91,21 +93,20 @@ def _flash_gpus() -> bool:
     return all((int(major), int(minor)) >= (8, 0) for major, minor in capabilities)
 
 
-def _cudnn(ctx, query, key, value, is_causal, attn_mask, scale, grad_out=None) -> Any:
+def _cudnn(query, key, value, is_causal, attn_mask, scale, grad_out=None) -> Any:
     """cuDNN's attention output, or with ``grad_out`` the gradients of query, key and value;
-    None where it does not apply: another platform or a GPU before Ampere, float32, a mask
-    tensor, a causal mask over non-square scores (where cuDNN and PyTorch might align it
-    differently), or a shape cuDNN has no kernel for (jax raises NotImplementedError while
-    tracing)."""
+    NotImplemented where it does not apply: a GPU before Ampere, float32, a mask tensor, a causal
+    mask over non-square scores (where cuDNN and PyTorch might align it differently), or a shape
+    cuDNN has no kernel for (jax raises NotImplementedError while tracing)."""
     dtypes = {query.dtype.name, key.dtype.name, value.dtype.name}
-    if ctx.platform != "cuda" or attn_mask is not None or query.ndim != 4 or len(dtypes) > 1:
-        return None
+    if attn_mask is not None or query.ndim != 4 or len(dtypes) > 1:
+        return NotImplemented
     if dtypes.pop() not in ("bfloat16", "float16"):
-        return None
+        return NotImplemented
     if is_causal and query.shape[-2] != key.shape[-2]:
-        return None
+        return NotImplemented
     if not _flash_gpus():
-        return None
+        return NotImplemented
     scale = _scale(query, scale)
 
     def attend(q: Any, k: Any, v: Any) -> Any:
@@ -121,10 +122,14 @@ def _cudnn(ctx, query, key, value, is_causal, attn_mask, scale, grad_out=None) -
         out, pullback = jax.vjp(attend, query, key, value)
         return pullback(grad_out.astype(out.dtype))
     except NotImplementedError:
-        return None
+        return NotImplemented
 
 
-@lowering("aten._scaled_dot_product_flash_attention_for_cpu.default")
+_FORWARD = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+_BACKWARD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
+
+
+@lowering(_FORWARD)
 def _attention(
     ctx, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
 ):
@@ -134,20 +139,29 @@ def _attention(
     k, v = _groups(query, key), _groups(query, value)
     s = _scores(ctx, query, k, is_causal, attn_mask, scale)
     p, lse = _softmax(s)
-    out = _cudnn(ctx, query, key, value, is_causal, attn_mask, scale)
-    if out is None:
-        out = _product(ctx, p.astype(v.dtype), _t(v), s.dtype)
+    out = _product(ctx, p.astype(v.dtype), _t(v), s.dtype)
     return out.astype(ctx.dtypes[0]), lse.astype(ctx.dtypes[1])
 
 
-@lowering("aten._scaled_dot_product_flash_attention_for_cpu_backward.default")
+@lowering(_FORWARD, platform="cuda")
+def _attention_cudnn(
+    ctx, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
+):
+    if dropout_p:
+        return NotImplemented
+    out = _cudnn(query, key, value, is_causal, attn_mask, scale)
+    if out is NotImplemented:
+        return out
+    # The log-sum-exp from the scores, which XLA leaves out where the graph does not use it.
+    _, lse = _softmax(_scores(ctx, query, _groups(query, key), is_causal, attn_mask, scale))
+    return out.astype(ctx.dtypes[0]), lse.astype(ctx.dtypes[1])
+
+
+@lowering(_BACKWARD)
 def _attention_backward(
     ctx, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
     scale=None,
 ):  # fmt: skip
-    grads = _cudnn(ctx, query, key, value, is_causal, attn_mask, scale, grad_out)
-    if grads is not None:
-        return tuple(g.astype(d) for g, d in zip(grads, ctx.dtypes))
     k, v = _groups(query, key), _groups(query, value)
     s = _scores(ctx, query, k, is_causal, attn_mask, scale)
     acc = s.dtype
@@ -163,4 +177,15 @@ def _attention_backward(
     grad_q = _product(ctx, grad_s, _t(k), acc)
     grad_k = _product(ctx, _t(grad_s), _t(query), acc)
     grads = (grad_q, _ungroup(grad_k, key), _ungroup(grad_v, value))
+    return tuple(g.astype(d) for g, d in zip(grads, ctx.dtypes))
+
+
+@lowering(_BACKWARD, platform="cuda")
+def _attention_backward_cudnn(
+    ctx, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
+    scale=None,
+):  # fmt: skip
+    grads = _cudnn(query, key, value, is_causal, attn_mask, scale, grad_out)
+    if grads is NotImplemented:
+        return grads
     return tuple(g.astype(d) for g, d in zip(grads, ctx.dtypes))

@@ -2,8 +2,9 @@
 zero and some other values it reads (offsets, class counts); XLA would clamp, drop or return
 garbage.
 
-Each op that reads or writes through an index tensor has one entry in ``BOUNDS``, each integer
-division one in ``DIVISIONS``, each loss with class targets one in ``TARGETS``; masked_scatter,
+Each op that reads or writes through an index tensor declares a ``Bound`` with its lowering
+(``@lowering(..., bounds=Bound(...))`` in indexing.py and scatter.py); each integer division has
+one entry in ``DIVISIONS``, each loss with class targets one in ``TARGETS``; masked_scatter,
 one_hot and embedding_bag's offsets have checks of their own. The runtime evaluates
 ``runtime_checks`` next to the op's lowering: every check yields ``[bad, index]`` on the device
 (whether any index is out of range, and the first such index in row-major order), and the runtime
@@ -18,11 +19,15 @@ from typing import Any
 
 import jax.numpy as jnp
 
-_EACH = -1  # index.Tensor / index_put: a list of index tensors, one per leading dim
+from lowerings.registry import bounds_of
+
+EACH = -1  # Bound.dim of index.Tensor / index_put: a list of index tensors, one per leading dim
 
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
+    """An op's index-bounds check: where its index is, and eager's error for one out of range."""
+
     index: int  # argument position of the index tensor (or the list of them)
     dim: int | None  # argument position of ``dim``; None: dim 0, or the whole tensor if ``flat``
     negative: bool  # eager accepts indices in [-size, 0) and wraps them
@@ -35,41 +40,8 @@ class Bound:
         return self.kind(self.message.format(index=index, dim=dim, size=size))
 
 
-_BOUNDS_MSG = "index {index} is out of bounds for dimension {dim} with size {size}"
-_IN_SELF = "index out of range in self"
-_GATHER = Bound(2, 1, False, RuntimeError, _BOUNDS_MSG)
-_ADVANCED = Bound(1, _EACH, True, IndexError, _BOUNDS_MSG)
-_INDEX_DIM = Bound(2, 1, False, IndexError, _IN_SELF)
-_FLAT = Bound(
-    1,
-    None,
-    True,
-    IndexError,
-    "out of range: tried to access index {index} on a tensor of {size} elements.",
-    flat=True,
-)
-
-BOUNDS: dict[str, Bound] = {
-    "aten.gather.default": _GATHER,
-    "aten.scatter.src": _GATHER,
-    "aten.scatter.value": _GATHER,
-    "aten.scatter.reduce": _GATHER,
-    "aten.scatter.value_reduce": _GATHER,
-    "aten.scatter_add.default": _GATHER,
-    "aten.scatter_reduce.two": _GATHER,
-    "aten.index.Tensor": _ADVANCED,
-    "aten.index_put.default": _ADVANCED,
-    "aten._index_put_impl.default": _ADVANCED,
-    "aten.index_select.default": _INDEX_DIM,
-    "aten.index_add.default": dataclasses.replace(_INDEX_DIM, above_1d=_GATHER),
-    "aten.index_reduce.default": _INDEX_DIM,
-    "aten.index_copy.default": Bound(2, 1, False, IndexError, "index_copy_(): " + _BOUNDS_MSG),
-    "aten.index_fill.int_Scalar": Bound(2, 1, True, IndexError, _BOUNDS_MSG),
-    "aten.index_fill.int_Tensor": Bound(2, 1, True, IndexError, _BOUNDS_MSG),
-    "aten.embedding.default": Bound(1, None, False, IndexError, _IN_SELF),
-    "aten.take.default": _FLAT,
-    "aten.put.default": _FLAT,
-}
+OUT_OF_BOUNDS = "index {index} is out of bounds for dimension {dim} with size {size}"
+IN_SELF = "index out of range in self"
 
 
 def _check(index: Any, size: int, negative: bool) -> Any:
@@ -160,9 +132,12 @@ DIVISIONS = frozenset(
         "fmod.Scalar",
     )
 )
-CHECKED = (
-    frozenset(BOUNDS) | DIVISIONS | frozenset(TARGETS) | _BAGS | {_MASKED_SCATTER, _ONE_HOT_OP}
-)
+_CHECKED = DIVISIONS | frozenset(TARGETS) | _BAGS | {_MASKED_SCATTER, _ONE_HOT_OP}
+
+
+def has_checks(op: str) -> bool:
+    """True when ``op`` has runtime checks (``runtime_checks`` gives its rows)."""
+    return op in _CHECKED or bounds_of(op) is not None
 
 
 def _integral(x: Any) -> bool:
@@ -222,7 +197,7 @@ def _eager_bound(op: str, args: tuple) -> Bound | None:
     """The entry eager's CPU kernel checks these arguments by (torch 2.13), or None where it
     checks none: its kernels check an index as they visit what it addresses, so an index into an
     empty result, or one beside an empty dimension, is never looked at."""
-    bound = BOUNDS[op]
+    bound = bounds_of(op)
     shape = args[0].shape
     if bound.above_1d is not None and len(shape) > 1:
         bound = bound.above_1d
@@ -236,7 +211,7 @@ def _eager_bound(op: str, args: tuple) -> Bound | None:
         dim = args[1] % max(len(shape), 1)
         if any(n == 0 for d, n in enumerate(shape) if d != dim):
             return None
-    elif bound.dim == _EACH:
+    elif bound.dim == EACH:
         indices = args[bound.index]
         rest = [n for d, n in enumerate(shape) if d >= len(indices) or indices[d] is None]
         indexed = jnp.broadcast_shapes(*(jnp.shape(i) for i in indices if i is not None))
@@ -267,7 +242,7 @@ def _index_checks(op: str, args: tuple) -> list[tuple[Any, tuple[Bound, int, int
     if bound is None:
         return []
     shape = args[0].shape
-    if bound.dim == _EACH:
+    if bound.dim == EACH:
         checks = []
         reported = 0  # eager numbers the dims that carry an index tensor, skipping full slices
         for dim, index in enumerate(args[bound.index]):

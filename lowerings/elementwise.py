@@ -168,17 +168,23 @@ _POWERS_WITHOUT_POW: tuple[tuple[float, Callable[[Any], Any]], ...] = (
 
 @lowering("aten.pow.Tensor_Scalar")
 def _pow_scalar(ctx, base, exponent):
+    return _result(ctx, _pow(*_operands(ctx, base, exponent)))
+
+
+@lowering("aten.pow.Tensor_Scalar", platform="cpu")
+def _pow_scalar_cpu(ctx, base, exponent):
     """A Python-number exponent is a graph parameter, whose value the program reads at run time.
     XLA CPU's power of a runtime exponent is a scalar libm call per element, many times slower
     than eager's multiplications, so on the CPU the program picks eager's computation for the
     exponent by its value, with a conditional on the scalar (it splits the fusion around it, which
     costs far less than the power). Elsewhere the power stays: GPUs compute it at memory speed, and
     there a conditional would wait for its predicate on the host (figures: benchmarks/RESULTS.md,
-    "pow with a scalar exponent")."""
+    "pow with a scalar exponent"). A constant exponent (0, 1: XLA simplifies them) or a
+    non-floating base is left to the generic rule."""
+    constant = isinstance(exponent, (bool, int, float, complex))
+    if constant or not jnp.issubdtype(ctx.dtype, jnp.floating):  # the compute dtype's kind
+        return NotImplemented
     b, e = _operands(ctx, base, exponent)
-    constant = isinstance(exponent, (bool, int, float, complex))  # 0 and 1: XLA simplifies them
-    if ctx.platform != "cpu" or constant or not jnp.issubdtype(b.dtype, jnp.floating):
-        return _result(ctx, _pow(b, e))
     # Compared before the cast, as eager compares the double.
     branch = jnp.int32(0)
     for i, (value, _) in enumerate(_POWERS_WITHOUT_POW):

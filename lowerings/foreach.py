@@ -2,7 +2,8 @@
 
 Its arguments are the element op's name, every operand, and per element that op's (args, kwargs)
 template (``lazy_core.ir.Elements``: markers count from the element's first operand) and how many
-operands it takes; output ``i`` is the element lowering of entry ``i``.
+operands it takes; output ``i`` is the element lowering of entry ``i`` (the platform's kernel
+where it has one).
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from lazy_core.ir import fill
-from lowerings.registry import LOWERINGS, LoweringContext, lowering
+from lowerings.registry import LoweringContext, lowering, lowering_for
 
 
 @lowering("foreach")
 def _foreach(
     ctx: LoweringContext, op: str, operands: tuple, elements: tuple, counts: tuple[int, ...]
 ) -> tuple:
-    fn = LOWERINGS[op]
+    fn = lowering_for(op, ctx.platform)
     outputs: list[Any] = []
     start = 0
     for i, ((args, kwargs), n) in enumerate(zip(elements, counts)):

@@ -2,7 +2,8 @@
 
 Indices go through jax.numpy indexing, which wraps negative indices as PyTorch's advanced
 indexing does. Out-of-range indices (and negative ones where PyTorch rejects them) are caught by
-the bounds checks of lowerings/bounds.py, which raise eager's error from the runtime.
+the bounds checks each op declares here (``bounds=``, evaluated by lowerings/bounds.py), which
+raise eager's error from the runtime.
 
 ``index.Tensor`` and ``index_put`` take integer index tensors only: a boolean mask has a
 data-dependent result shape, so the lazy layer turns it into integer indices (after a sync) before
@@ -12,12 +13,19 @@ a node is recorded. ``take_along_dim`` is composite in PyTorch and reaches the b
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
 
+from lowerings.bounds import EACH, IN_SELF, OUT_OF_BOUNDS, Bound
 from lowerings.registry import lowering
+
+# The bounds checks of the ops here: Bound(index position, dim position, negatives wrap, error).
+_GATHER = Bound(2, 1, False, RuntimeError, OUT_OF_BOUNDS)
+_ADVANCED = Bound(1, EACH, True, IndexError, OUT_OF_BOUNDS)
+_INDEX_DIM = Bound(2, 1, False, IndexError, IN_SELF)
 
 
 def _dim(dim: int, ndim: int) -> int:
@@ -51,7 +59,7 @@ def _src_values(src: Any, index: Any, dtype: Any) -> Any:
     return src[tuple(slice(0, n) for n in index.shape)].astype(dtype)
 
 
-@lowering("aten.gather.default")
+@lowering("aten.gather.default", bounds=_GATHER)
 def _gather(ctx, x, dim, index, *, sparse_grad=False):
     if index.size == 0:
         return jnp.zeros(ctx.shape, ctx.dtype)
@@ -98,12 +106,13 @@ def _scatter_impl(ctx, x, dim, index, src, reduce=None):
     "aten.scatter.value",
     "aten.scatter.reduce",
     "aten.scatter.value_reduce",
+    bounds=_GATHER,
 )
 def _scatter(ctx, x, dim, index, src, *, reduce=None):
     return _scatter_impl(ctx, x, dim, index, src, reduce)
 
 
-@lowering("aten.scatter_add.default")
+@lowering("aten.scatter_add.default", bounds=_GATHER)
 def _scatter_add(ctx, x, dim, index, src):
     return _scatter_impl(ctx, x, dim, index, src, "add")
 
@@ -121,7 +130,7 @@ def _reduce_identity(reduce: str, dtype: Any) -> Any:
     return info.min if reduce == "amax" else info.max
 
 
-@lowering("aten.scatter_reduce.two")
+@lowering("aten.scatter_reduce.two", bounds=_GATHER)
 def _scatter_reduce(ctx, x, dim, index, src, reduce, *, include_self=True):
     if index.size == 0:
         return jnp.reshape(x, ctx.shape)
@@ -147,7 +156,7 @@ def _scatter_reduce(ctx, x, dim, index, src, reduce, *, include_self=True):
 # index_select / index_add: a 1-d (or 0-d) index along one dim.
 
 
-@lowering("aten.index_select.default")
+@lowering("aten.index_select.default", bounds=_INDEX_DIM)
 def _index_select(ctx, x, dim, index):
     (x,) = _at_least_1d(x)
     dim = _dim(dim, x.ndim)
@@ -155,7 +164,7 @@ def _index_select(ctx, x, dim, index):
     return jnp.reshape(x[position], ctx.shape)
 
 
-@lowering("aten.index_add.default")
+@lowering("aten.index_add.default", bounds=dataclasses.replace(_INDEX_DIM, above_1d=_GATHER))
 def _index_add(ctx, x, dim, index, source, *, alpha=1):
     x, source = _at_least_1d(x, source)
     dim = _dim(dim, x.ndim)
@@ -166,7 +175,10 @@ def _index_add(ctx, x, dim, index, source, *, alpha=1):
     return jnp.reshape(_add(x.at[position], source), ctx.shape)
 
 
-@lowering("aten.index_copy.default")
+@lowering(
+    "aten.index_copy.default",
+    bounds=Bound(2, 1, False, IndexError, "index_copy_(): " + OUT_OF_BOUNDS),
+)
 def _index_copy(ctx, x, dim, index, source):
     x, source = _at_least_1d(x, source)
     dim = _dim(dim, x.ndim)
@@ -174,7 +186,11 @@ def _index_copy(ctx, x, dim, index, source):
     return jnp.reshape(x.at[position].set(source.astype(x.dtype)), ctx.shape)
 
 
-@lowering("aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor")
+@lowering(
+    "aten.index_fill.int_Scalar",
+    "aten.index_fill.int_Tensor",
+    bounds=Bound(2, 1, True, IndexError, OUT_OF_BOUNDS),
+)
 def _index_fill(ctx, x, dim, index, value):
     (x,) = _at_least_1d(x)
     dim = _dim(dim, x.ndim)
@@ -197,12 +213,16 @@ def _index_tuple(indices: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(slice(None) if index is None else index for index in indices)
 
 
-@lowering("aten.index.Tensor", "aten.index.Tensor_hacked_twin")
+# The hacked twins keep no bounds check, as before the checks were declared here (eager checks
+# them): adding one changes behaviour, with a test of its own.
+@lowering("aten.index.Tensor", bounds=_ADVANCED)
+@lowering("aten.index.Tensor_hacked_twin")
 def _index(ctx, x, indices):
     return jnp.reshape(x[_index_tuple(indices)], ctx.shape)
 
 
-@lowering("aten.index_put.default", "aten.index_put.hacked_twin")
+@lowering("aten.index_put.default", bounds=_ADVANCED)
+@lowering("aten.index_put.hacked_twin")
 def _index_put(ctx, x, indices, values, accumulate=False):
     ref = x.at[_index_tuple(indices)]
     values = values.astype(x.dtype)
@@ -213,7 +233,7 @@ def _index_put(ctx, x, indices, values, accumulate=False):
 # embedding
 
 
-@lowering("aten.embedding.default")
+@lowering("aten.embedding.default", bounds=Bound(1, None, False, IndexError, IN_SELF))
 def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     # padding_idx and scale_grad_by_freq only change the backward.
     return weight[indices]

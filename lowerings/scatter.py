@@ -18,6 +18,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from lowerings.bounds import IN_SELF, Bound
 from lowerings.indexing import _at_least_1d, _dim, _reduce_identity
 from lowerings.registry import lowering
 
@@ -32,7 +33,7 @@ _REDUCE_AT = {
 }
 
 
-@lowering("aten.index_reduce.default")
+@lowering("aten.index_reduce.default", bounds=Bound(2, 1, False, IndexError, IN_SELF))
 def _index_reduce(ctx, x, dim, index, source, reduce, *, include_self=True):
     x, source = _at_least_1d(x, source)
     dim = _dim(dim, x.ndim)
@@ -56,12 +57,23 @@ def _index_reduce(ctx, x, dim, index, source, reduce, *, include_self=True):
 # take / put address ``self`` as if it were flattened.
 
 
+# Bounds of take and put: an index into the flattened tensor, negatives wrapped.
+_FLAT = Bound(
+    1,
+    None,
+    True,
+    IndexError,
+    "out of range: tried to access index {index} on a tensor of {size} elements.",
+    flat=True,
+)
+
+
 def _flat_index(index: Any) -> Any:
     # jax.numpy wraps negative indices once, as PyTorch does, and leaves the rest out of range.
     return jnp.reshape(index, (-1,))
 
 
-@lowering("aten.take.default")
+@lowering("aten.take.default", bounds=_FLAT)
 def _take(ctx, x, index):
     flat = jnp.reshape(x, (-1,))
     if flat.shape[0] == 0:  # only an empty index is valid here
@@ -70,7 +82,7 @@ def _take(ctx, x, index):
     return jnp.reshape(out, ctx.shape)
 
 
-@lowering("aten.put.default")
+@lowering("aten.put.default", bounds=_FLAT)
 def _put(ctx, x, index, source, accumulate=False):
     flat = jnp.reshape(x, (-1,))
     ref = flat.at[_flat_index(index)]

@@ -10,9 +10,9 @@ import numpy as np
 
 from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, fill
 from lowerings import LOWERINGS, LoweringContext
-from lowerings.bounds import CHECKED, runtime_checks
+from lowerings.bounds import has_checks, runtime_checks
 from lowerings.random import initial_state, rng_key
-from lowerings.registry import category
+from lowerings.registry import category, lowering_for
 from runtime.device import in_x64
 
 # Keyword arguments a front end adds to a node's template for the runtime, not for the lowering.
@@ -41,8 +41,8 @@ def has_lowering(op: str) -> bool:
 
 
 def op_category(op: str) -> str | None:
-    """The lowering module of ``op`` (e.g. ``"reduction"``), for coloring dumps; None for leaves
-    and unlowered ops."""
+    """The category declared with ``op``'s lowering, its lowering module (e.g. ``"reduction"``),
+    for coloring dumps; None for leaves and unlowered ops."""
     return category(op)
 
 
@@ -62,14 +62,13 @@ def _apply(
     checks: list,
     platform: str,
 ) -> Any:
-    try:
-        fn = LOWERINGS[op]
-    except KeyError:
-        raise NotImplementedError(f"no lowering for {op}") from None
+    fn = lowering_for(op, platform)
+    if fn is None:
+        raise NotImplementedError(f"no lowering for {op}")
     args_t, kwargs_t = arg
     args = fill(args_t, operands)
     kwargs = {k: fill(v, operands) for k, v in kwargs_t}
-    if op in CHECKED:
+    if has_checks(op):
         checks.extend(runtime_checks(op, args, kwargs))
     precision = kwargs.pop(_PRECISION, "highest")
     state = kwargs.pop(_RNG, None)

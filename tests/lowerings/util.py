@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from lowerings import LOWERINGS, LoweringContext
+from lowerings import LoweringContext
+from lowerings.registry import lowering_for
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -81,7 +82,7 @@ def run_lowering(op, *args, **kwargs):
             dtypes=tuple(_dtype_name(o.dtype) for o in outs),
             scalars=scalars,
         )
-        return LOWERINGS[str(op)](ctx, *a, **k)
+        return lowering_for(str(op), ctx.platform)(ctx, *a, **k)
 
     scalar_vals = [
         _scalar_array(v)
