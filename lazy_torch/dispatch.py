@@ -116,7 +116,7 @@ def _resolve(func: Any) -> Handler:
     if runtime.has_lowering(name):
         return recorded
     functional = variants.functional_of(func)
-    if functional is not None and not func._schema.name.endswith("_"):
+    if functional is not None and not variants.is_inplace(func):
         # An out= op is its functional op, then eager's rules for filling out tensors.
         return out_variant(functional, dispatch)
     if functional is not None and (

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from lazy_torch import eager_checks, indexing, rng, sites  # noqa: F401 (indexing registers its handlers)
-from lazy_torch.dispatch import dispatch, special
+from lazy_torch.dispatch import dispatch, recorded, special
 from lazy_torch.recording import RECORD, SHARE, record
 from lazy_torch.resize import fill_outs, resize, resized_as_meta, resized_meta, window
 from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, upload, wrap
@@ -115,10 +115,34 @@ def _copy_into(self: LazyTensor, src: torch.Tensor) -> LazyTensor:
 @special(aten.copy_.default)
 def _copy_(func, args, kwargs):
     self, src = args[0], args[1]
+    if not isinstance(src, torch.Tensor):  # x.copy_(1): a number, as eager wraps it
+        src = torch.tensor(src)
     if isinstance(self, LazyTensor):
         eager_checks.check_inplace_overlap(func, args, kwargs)  # x[1:].copy_(x[:-1]) raises
         return _copy_into(self, src)
     return self.copy_(to_cpu(src), *args[2:], **kwargs)
+
+
+_SHIFTS = [
+    getattr(getattr(aten, name), overload)
+    for name in ("bitwise_left_shift", "bitwise_right_shift", "__lshift__", "__rshift__")
+    for overload in getattr(aten, name).overloads()
+    if "out" not in overload
+]
+
+
+@special(*_SHIFTS, plan=RECORD)
+def _shift(func, args, kwargs):
+    """Shifts: eager promotes a bool tensor to the result's integer dtype (``mask >> 1`` is
+    int64), where the meta kernels refuse a bool input; bool with bool stays eager's error."""
+    dtype = torch.result_type(args[0], args[1])
+    if dtype != torch.bool:
+        operands = [
+            v.to(dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.bool else v
+            for v in args[:2]
+        ]
+        args = (*operands, *args[2:])
+    return recorded(func, args, kwargs)
 
 
 @special(aten._local_scalar_dense.default, aten.item.default)

@@ -37,17 +37,30 @@ assign_node = write  # through its view steps, or by address where one has no in
 _OPTIONS = ("dtype", "layout", "device", "pin_memory")
 
 
+def _functional_name(packet: str) -> str | None:
+    """The functional op's name of an in-place op's name (``add_``, ``__irshift__``), else None."""
+    if packet.startswith("__i") and packet.endswith("__"):
+        return "__" + packet[3:]
+    return packet[:-1] if packet.endswith("_") and not packet.endswith("__") else None
+
+
+def is_inplace(func: Any) -> bool:
+    return _functional_name(func._schema.name.split("::")[1]) is not None
+
+
 def functional_of(func: Any) -> Any:
     """The functional overload matching in-place or out= ``func``, or None.
 
-    Matched by schema, not by overload name (``pow_.Scalar`` is ``pow.Tensor_Scalar``). An out=
+    Matched by schema, not by overload name (``pow_.Scalar`` is ``pow.Tensor_Scalar``; the
+    in-place operators ``__irshift__`` are ``__rshift__``). An out=
     factory (``arange.start_out``) matches a functional overload that takes tensor options
     instead of ``out`` (``arange.start_step``); the out tensor supplies them.
     """
     packet = func._schema.name.split("::")[1]
     arguments = func._schema.arguments
-    if packet.endswith("_"):
-        packet, wanted = packet[:-1], [(a.name, str(a.type)) for a in arguments]
+    functional = _functional_name(packet)
+    if functional is not None:
+        packet, wanted = functional, [(a.name, str(a.type)) for a in arguments]
     elif any(a.is_out for a in arguments):
         wanted = [(a.name, str(a.type)) for a in arguments if not a.is_out]
     else:

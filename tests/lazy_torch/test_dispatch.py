@@ -3,6 +3,8 @@ out= variant derived from its functional op, a view, decomposed, or run on the C
 its operands: lazy tensors of one device, 0-dim CPU tensors and Python numbers as graph scalars
 (0 and 1 constants), a non-scalar CPU tensor a device mismatch."""
 
+import re
+
 import pytest
 import torch
 
@@ -63,6 +65,41 @@ def test_shift_operators_are_recorded_without_falling_back(call, dtype):
     assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
     fallbacks = [k for k in lazy_torch.metrics.counters() if k.startswith("fallback::")]
     assert fallbacks == []
+
+
+_BOOL_SHIFTS = {
+    "mask >> 1": lambda b, i: b >> 1,
+    "mask << 1": lambda b, i: b << 1,
+    "mask >> ints": lambda b, i: b >> i,
+    "ints >> mask": lambda b, i: i >> b,
+    "1 >> mask": lambda b, i: 1 >> b,
+    "bitwise_left_shift": lambda b, i: torch.bitwise_left_shift(b, 2),
+    "mask >> mask": lambda b, i: b >> b,  # eager's error: no bool kernel
+    "mask >>= 1": lambda b, i: b.clone().__irshift__(1),  # eager's error: int64 into bool
+    "ints <<= mask": lambda b, i: i.clone().__ilshift__(b),
+}
+
+
+@pytest.mark.parametrize("call", _BOOL_SHIFTS.values(), ids=_BOOL_SHIFTS.keys())
+def test_shifts_of_a_bool_tensor_promote_as_eagers_do(call):
+    b, i = torch.tensor([True, False, True]), torch.tensor([1, 2, 3])
+    try:
+        expected = call(b, i)
+    except Exception as e:  # noqa: BLE001 (the oracle's error)
+        with pytest.raises(type(e), match=re.escape(str(e)[:40])):
+            call(b.to("lazy"), i.to("lazy"))
+        return
+    got = call(b.to("lazy"), i.to("lazy"))
+    assert got.dtype == expected.dtype == torch.int64
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("number", [1, 2.5, True, -3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_copy_of_a_python_number_fills_as_eagers_does(number, dtype):
+    expected = torch.zeros(2, 3, dtype=dtype).copy_(number)
+    got = torch.zeros(2, 3, dtype=dtype, device="lazy").copy_(number)
+    assert got.dtype == expected.dtype and torch.equal(got.cpu(), expected)
 
 
 @pytest.mark.parametrize("shift", [lambda x: x << 1, lambda x: torch.bitwise_right_shift(x, 1)])
