@@ -21,13 +21,10 @@ import dataclasses
 import functools
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
-
-if TYPE_CHECKING:
-    from lowerings.bounds import Bound
 
 Rule = Callable[..., Any]
 
@@ -40,7 +37,8 @@ class Declaration:
     """What an op's generic registration declares besides its rule."""
 
     category: str  # the lowering module the op belongs to: "elementwise", "indexing", ...
-    bounds: Bound | None = None  # its index-bounds check (lowerings/bounds.py), if it has one
+    # Its index-bounds check, a lowerings.bounds.Bound (which reads this table), if it has one.
+    bounds: Any = None
 
 
 # op -> its generic rule, the one every platform runs (tests may patch entries).
@@ -55,7 +53,7 @@ def lowering(
     *names: str,
     category: str | None = None,
     platform: str | None = None,
-    bounds: Bound | None = None,
+    bounds: Any = None,
 ) -> Callable[[Rule], Rule]:
     """Register ``fn`` as the lowering of every op in ``names``.
 
@@ -144,7 +142,7 @@ def category(op: str) -> str | None:
     return None if declaration is None else declaration.category
 
 
-def bounds_of(op: str) -> Bound | None:
+def bounds_of(op: str) -> Any:
     """The index-bounds check declared with ``op``'s lowering, None where it has none."""
     declaration = DECLARATIONS.get(op)
     return None if declaration is None else declaration.bounds
