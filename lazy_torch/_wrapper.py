@@ -20,8 +20,8 @@ It compiles against the installed torch's headers and libraries, and
 the first time a given torch, Python and source meet, in 30-60 s, into a cache directory
 (``$LAZY_EXTENSION_DIR``, else ``$XDG_CACHE_HOME/lazy_torch`` or ``~/.cache/lazy_torch``), under a
 file lock so that parallel processes build it once. A failed build leaves its compiler output
-beside it and is not retried for the same key; then PyTorch's own
-``_make_wrapper_subclass`` and a ``torch.autograd.Function`` are used.
+beside it and is not retried for the same key: ``import lazy_torch`` then raises an ImportError
+naming that file. It is required, as the install's C extensions are.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import os
 import subprocess
 import sys
 import sysconfig
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -117,23 +116,19 @@ def _build(target: Path) -> None:
 
 
 def load() -> ModuleType | None:
-    """The extension, built if need be; None where it cannot be built."""
-    try:
-        target = _target()
-        if not target.exists():
-            _build(target)
-        if not target.exists():
-            warnings.warn(
-                f"lazy_torch: {_NAME} could not be built (compiler output: "
-                f"{target.with_suffix('.failed')}); using torch.Tensor._make_wrapper_subclass "
-                "and a Python autograd Function for fused linear layers",
-                stacklevel=2,
-            )
-            return None
-        spec = importlib.util.spec_from_file_location(_NAME, target)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    except (OSError, ImportError) as e:
-        warnings.warn(f"lazy_torch: {_NAME} not loaded ({e})", stacklevel=2)
-        return None
+    """The extension, built if need be; an ImportError that says why where it cannot be."""
+    target = _target()
+    if not target.exists():
+        _build(target)
+    if not target.exists():
+        failed = target.with_suffix(".failed")
+        raise ImportError(
+            f"lazy_torch: building its torch-linked extension {_NAME} for torch "
+            f"{torch.__version__} failed; the compiler's output is in {failed}. It needs the C++ "
+            "compiler the install used (CXX picks another) and torch's headers; remove that file "
+            "to try again."
+        )
+    spec = importlib.util.spec_from_file_location(_NAME, target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,5 +1,6 @@
-"""Fused optimizer steps (``aten._fused_adam_``, ``_fused_adamw_``, ``_fused_sgd_``) and GradScaler's
-two ops (``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``): one node a call.
+"""Fused optimizer steps (``aten._fused_adam_``, ``_fused_adamw_``, ``_fused_sgd_``) and
+GradScaler's two ops (``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``):
+one node a call.
 
 With ``fused=True``, PyTorch's Adam, AdamW and SGD make one call per parameter group (and dtype)
 where their foreach path makes one per arithmetic step, each over every parameter. Here that call
@@ -43,7 +44,8 @@ def _check_lists(name: str, lists: dict[str, list]) -> int:
     for key, tensors in lists.items():
         if len(tensors) != len(params):
             raise RuntimeError(
-                f"{name}: expected {key} to have {len(params)} tensors like self, got {len(tensors)}"
+                f"{name}: expected {key} to have {len(params)} tensors like self, got "
+                f"{len(tensors)}"
             )
         if key == "state_steps" or _shapes(tensors) == shapes:
             continue
@@ -157,7 +159,7 @@ def _steps(steps: list, capturable: bool, device: int) -> list | None:
     if all(type(s) is LazyTensor and s._lazy.device == device and not s.dim() for s in steps):
         torch._foreach_add_(steps, 1)
         return steps
-    values = extension.count_steps(steps) if extension is not None else None
+    values = extension.count_steps(steps)  # None where not all of one dtype on the CPU
     if values is not None:  # of one dtype
         dtype = dtype_name(steps[0].dtype)
         return _shared_leaves(values, lambda v: scalar_leaf(v, dtype))

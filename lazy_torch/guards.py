@@ -76,17 +76,6 @@ def changed_attribute(snapshots: Iterable[tuple[torch.nn.Module, dict]]) -> str 
     return None
 
 
-def module_guards(tensor_dicts: list, modules: list, attributes: list) -> tuple:
-    """What csrc/guards.cpp's ``module_guards`` returns, where the extension is not built."""
-    tensors = []
-    for d in tensor_dicts:
-        for t in d.values():
-            if t is not None:
-                tensors += (id(t), id(t._lazy) if hasattr(t, "_lazy") else None, t.requires_grad)
-    values = [x for d, names in attributes for name in names for x in plain_value(d[name])]
-    return tuple(map(_TRAINING, modules)), tuple(tensors), tuple(values)
-
-
 def state() -> tuple:
     """Grad mode, autocast and the float32 matmul precision, with their names."""
     return (
@@ -100,9 +89,9 @@ class ModuleSet:
     """The guards of some modules: each one's ``training``; its parameters' and buffers'
     identities, their storages' (``p.data = ...`` replaces one) and ``requires_grad``; its plain
     attributes (a dropout's p, a norm's eps, which a capture keeps), type-exact (1, 1.0 and True
-    differ, floats by their bits). ``read`` runs in C++ where the extension is built
-    (csrc/guards.cpp, several times faster than the Python loops; figures: benchmarks/RESULTS.md,
-    "Capture and replay") and raises KeyError where an attribute was deleted since."""
+    differ, floats by their bits). ``read`` runs in C++ (csrc/guards.cpp, several times faster
+    than Python loops; figures: benchmarks/RESULTS.md, "Capture and replay") and raises KeyError
+    where an attribute was deleted since."""
 
     def __init__(self, modules: list[torch.nn.Module]) -> None:
         self.modules = modules
@@ -115,5 +104,4 @@ class ModuleSet:
 
     def read(self) -> tuple:
         """(training flags, tensor identities, attribute values) as they stand."""
-        read = extension.module_guards if extension is not None else module_guards
-        return read(self.tensor_dicts, self.modules, self.attributes)
+        return extension.module_guards(self.tensor_dicts, self.modules, self.attributes)

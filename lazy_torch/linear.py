@@ -9,8 +9,7 @@ autograd engine, which is most of what a lazy step costs the host. So a layer re
 ``lazy.linear`` node, with a ``LazyLinearBackward`` grad_fn whose backward records one
 ``lazy.linear_backward`` node (lowerings/linalg.py computes both as addmm and mm compute them:
 operands in the output's dtype, accumulation in float32 or wider rounded once, gradients cast to
-each input's dtype). That grad_fn is a C++ autograd node (csrc/linear.cpp) where the
-torch-linked extension is built, else a ``torch.autograd.Function`` of the same name. A double
+each input's dtype). That grad_fn is a C++ autograd node (csrc/linear.cpp). A double
 backward (``create_graph=True``) runs the same products as differentiable aten ops.
 
 Two entry points:
@@ -81,32 +80,11 @@ def _rows(t: Any) -> Any:
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
-class LazyLinear(torch.autograd.Function):
-    """The layer where the C++ extension is not built (grad_fn ``LazyLinearBackward`` too)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, weight: Any, bias: Any, transposed: bool, dtype: Any) -> Any:
-        ctx.save_for_backward(x, weight)
-        ctx.transposed, ctx.dtype = transposed, dtype
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return _forward(x, weight, bias, transposed, dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> tuple:
-        x, weight = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:3]
-        grads = _backward(grad, x, weight, ctx.transposed, ctx.dtype, ctx.bias_dtype, *needs)
-        return (*grads, None, None)
-
-
-if extension is not None:
-    extension.set_linear_backward(_backward)
+extension.set_linear_backward(_backward)
 
 
 def _apply(x: Any, weight: Any, bias: Any, transposed: bool, dtype: torch.dtype) -> Any:
-    if extension is not None:
-        return extension.linear(_forward, x, weight, bias, transposed, dtype)
-    return LazyLinear.apply(x, weight, bias, transposed, dtype)
+    return extension.linear(_forward, x, weight, bias, transposed, dtype)
 
 
 def addmm(dtype: torch.dtype, self: Any, mat1: Any, mat2: Any, *, beta=1, alpha=1) -> Any:

@@ -33,11 +33,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
-from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -106,8 +106,7 @@ def _saved_by_autograd(outputs: list[LazyTensor]) -> dict[int, Any]:
     found: dict[int, Any] = {}
     for fn in grad_fns(outputs):
         values: list = [getattr(fn, "__dict__", {}).values()]
-        if extension is not None:  # linear.py's C++ node
-            values.append([extension.linear_saved(fn)])
+        values.append([extension.linear_saved(fn)])  # linear.py's C++ node
         for name in dir(fn):
             if name.startswith("_saved_") or name == "saved_tensors":
                 try:

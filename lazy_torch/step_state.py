@@ -46,8 +46,8 @@ import torch
 from torch.optim import optimizer as _optimizer
 
 from lazy_core import scalar_leaf
-from lazy_torch.recording import SCALAR_DTYPES
 from lazy_torch.guards import PLAIN, ModuleSet, plain_attributes, plain_value
+from lazy_torch.recording import SCALAR_DTYPES
 from lazy_torch.tensor import LazyTensor, extension
 
 # The tensors a path names.
@@ -427,10 +427,9 @@ class Replay:
 def _count(steps: list) -> list | None:
     """Add 1 to each of host step tensors ``steps`` and return their new values; None (counting
     nothing) where one is not a 0-dim CPU tensor."""
-    if extension is not None:
-        values = extension.count_steps(steps)
-        if values is not None:
-            return values
+    values = extension.count_steps(steps)  # None where not all of one dtype on the CPU
+    if values is not None:
+        return values
     if not all(type(s) is torch.Tensor and s.device.type == "cpu" and not s.dim() for s in steps):
         return None
     torch._foreach_add_(steps, 1)

@@ -14,10 +14,10 @@ from lazy_torch import _native, _wrapper, views
 from lazy_torch._dtypes import dtype_name, from_numpy, to_numpy, torch_dtype
 from lazy_torch.sync import sync
 
-# The torch-linked C++ extension (_wrapper.py), unless it could not be built.
+# The torch-linked C++ extension (_wrapper.py).
 extension: Any = _wrapper.load()
-# Makes each lazy tensor's wrapper: in C++ when the extension built, else PyTorch's own.
-make_wrapper = extension.make_wrapper if extension else torch.Tensor._make_wrapper_subclass
+# Makes each lazy tensor's wrapper (dispatch.use_wrapper swaps in PyTorch's own, to compare).
+make_wrapper = extension.make_wrapper
 
 # Shape, strides, storage offset and dtype as eager PyTorch would report them.
 Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]
@@ -126,10 +126,9 @@ class LazyTensor(torch.Tensor):
 # What the C recording path needs to make tensors (dispatch.py configures the rest).
 _native.configure(tensor_type=LazyTensor, make_wrapper=make_wrapper, devices=tuple(DEVICES))
 
-if extension is not None:
-    # Autograd's detaches of lazy tensors (saving an output, unpacking it in the backward) reach
-    # __torch_dispatch__ straight from C++ instead of through PyTorch's lookup of the op per call.
-    extension.set_detach(LazyTensor.__torch_dispatch__, torch.ops.aten.detach.default)
+# Autograd's detaches of lazy tensors (saving an output, unpacking it in the backward) reach
+# __torch_dispatch__ straight from C++ instead of through PyTorch's lookup of the op per call.
+extension.set_detach(LazyTensor.__torch_dispatch__, torch.ops.aten.detach.default)
 
 
 _dense_strides: dict[tuple[int, ...], tuple[int, ...]] = {}

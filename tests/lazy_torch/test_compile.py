@@ -255,20 +255,16 @@ def test_changing_a_submodule_attribute_recaptures():
     assert counter("captures") == 4
 
 
-def test_module_guards_in_cpp_and_python_agree_and_see_each_change():
-    from lazy_torch import guards
+def test_module_guards_see_each_change():
     from lazy_torch.tensor import extension
 
     model = lazy_torch.compile(DropNet().to("lazy"))
     model(torch.ones(64, 8).to("lazy"))
     compiled = model.__dict__["_lazy_compiled"]
-    readers = [guards.module_guards] + ([extension.module_guards] if extension else [])
 
     def read() -> tuple:
         guarded = compiled.guarded
-        got = [f(guarded.tensor_dicts, guarded.modules, guarded.attributes) for f in readers]
-        assert all(g == got[0] for g in got)
-        return got[0]
+        return extension.module_guards(guarded.tensor_dicts, guarded.modules, guarded.attributes)
 
     seen = [read()]
     changes = [

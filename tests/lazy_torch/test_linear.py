@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import runtime
-from lazy_torch import linear
 from lazy_torch.amp import autocast
 
 BF16 = torch.bfloat16
@@ -190,19 +189,9 @@ def test_shape_errors_are_eagers(call):
 # --- float32 and other single-dtype layers (F.linear's AutogradLazy kernel) ---------------------
 
 
-@pytest.fixture(params=["C++ node", "Python Function"])
-def node_kind(request, monkeypatch):
-    """Each test below runs with the extension's C++ grad_fn and with the Function fallback."""
-    if request.param == "C++ node" and linear.extension is None:
-        pytest.skip("the torch-linked extension is not built")
-    if request.param == "Python Function":
-        monkeypatch.setattr(linear, "extension", None)
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("kind", ["linear 2d", "linear 3d", "linear, no bias"])
-def test_single_dtype_layer_gives_the_ordinary_kernels_bits(kind, dtype, node_kind, monkeypatch):
+def test_single_dtype_layer_gives_the_ordinary_kernels_bits(kind, dtype, monkeypatch):
     y, name, grads = _run(kind, "lazy", True, monkeypatch, dtype)
     y0, name0, grads0 = _run(kind, "lazy", False, monkeypatch, dtype)
     assert name == FUSED and name0 != FUSED
@@ -222,7 +211,7 @@ def test_single_dtype_layer_gives_the_ordinary_kernels_bits(kind, dtype, node_ki
 
 
 @pytest.mark.parametrize("kind", ["linear 2d", "linear 3d", "linear, no bias"])
-def test_float32_layer_matches_eager(kind, node_kind):
+def test_float32_layer_matches_eager(kind):
     y, _, grads = _run(kind, "lazy", dtype=torch.float32)
     want, _, want_grads = _run(kind, "cpu", dtype=torch.float32)
     torch.testing.assert_close(y, want)
@@ -256,7 +245,7 @@ def test_float32_errors_and_edge_shapes_are_eagers(x, w, b):
     [((0, 16), (8, 16)), ((4, 0, 16), (8, 16)), ((4, 0), (8, 0)), ((2, 3, 0), (5, 0)),
      ((4, 16), (0, 16))],
 )  # fmt: skip
-def test_empty_dimensions_match_eager(x, w, node_kind):
+def test_empty_dimensions_match_eager(x, w):
     torch.manual_seed(0)
     args = [torch.randn(x), torch.randn(w), torch.randn(w[0])]
     results = []
@@ -280,7 +269,7 @@ def test_mixed_dtypes_raise_eagers_error():
     assert str(lazy.value) == str(eager.value)
 
 
-def test_autograd_contract(node_kind):
+def test_autograd_contract():
     """What autograd promises for any node: its edges lead to the inputs, a second backward
     through freed buffers raises eager's error, retain_graph allows it and accumulates (anomaly
     mode too), an input modified in place after the forward raises the version error, and the
@@ -309,7 +298,7 @@ def test_autograd_contract(node_kind):
         out.sum().backward()
 
 
-def test_saved_tensor_hooks_see_the_inputs(node_kind):
+def test_saved_tensor_hooks_see_the_inputs():
     packed = []
 
     def pack(t):
@@ -324,7 +313,7 @@ def test_saved_tensor_hooks_see_the_inputs(node_kind):
     torch.testing.assert_close(w.grad.cpu(), torch.ones(4, 8).t() @ x.cpu())
 
 
-def test_double_backward_in_float32(node_kind, monkeypatch):
+def test_double_backward_in_float32(monkeypatch):
     def penalty(fuse):
         monkeypatch.setattr(runtime.config, "FUSE_LINEAR", fuse)
         x, w, b = (t.to("lazy").requires_grad_() for t in _inputs("linear 3d"))
