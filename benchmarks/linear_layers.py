@@ -4,10 +4,9 @@ PYTHONPATH=. python benchmarks/linear_layers.py [--layers 48] [--rounds 5] [--st
 
 Chains ``--layers`` linear layers of width 48 (batch 64, tiny: the host's time is all there is),
 in float32 (``F.linear``) and under bf16 autocast (``torch.addmm``, as GPT-2's Conv1D), and
-times the forward and the backward per layer three ways, alternating in one process so that drift
+times the forward and the backward per layer two ways, alternating in one process so that drift
 in the host's speed reaches each alike: one node with the C++ grad_fn (lazy_torch/csrc/linear.cpp,
-the default), one node with the Python ``torch.autograd.Function`` that stands in for it where the
-extension is not built, and the ordinary kernels (``LAZY_FUSE_LINEAR=0``: ``t``, ``addmm`` and
+the default) and the ordinary kernels (``LAZY_FUSE_LINEAR=0``: ``t``, ``addmm`` and
 their autograd; under autocast also the casts). Prints the medians over the rounds, in µs per
 layer, and each way's ratio to the ordinary kernels.
 """
@@ -24,14 +23,12 @@ import torch.nn.functional as F
 
 import lazy_torch
 import runtime
-from lazy_torch import linear
 
-_WAYS = ("C++ node", "Function", "ordinary")
+_WAYS = ("C++ node", "ordinary")
 
 
-def _use(way: str, extension: object) -> None:
+def _use(way: str) -> None:
     runtime.config.FUSE_LINEAR = way != "ordinary"
-    linear.extension = extension if way == "C++ node" else None
 
 
 def _step(amp: bool, weights: list, biases: list, x: torch.Tensor) -> tuple[float, float]:
@@ -55,8 +52,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    extension, fuse = linear.extension, runtime.config.FUSE_LINEAR
-    ways = _WAYS if extension is not None else _WAYS[1:]
+    fuse = runtime.config.FUSE_LINEAR
+    ways = _WAYS
     width, n = 48, args.layers
     for amp in (False, True):
         # F.linear's weight is (out, in); addmm's (in, out): square, so one shape serves both.
@@ -66,28 +63,27 @@ def main() -> None:
         times: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}
         try:
             for way in ways:  # warm-up: each way's graph compiled once
-                _use(way, extension)
+                _use(way)
                 _step(amp, weights, biases, x)
                 lazy_torch.mark_step(wait=True)
             for _ in range(args.rounds):
                 for way in ways:
-                    _use(way, extension)
+                    _use(way)
                     steps = []
                     for _ in range(args.steps):
                         steps.append(_step(amp, weights, biases, x))
                         lazy_torch.mark_step(wait=True)
                     times[way].append(tuple(statistics.median(s) for s in zip(*steps)))
         finally:
-            linear.extension, runtime.config.FUSE_LINEAR = extension, fuse
+            runtime.config.FUSE_LINEAR = fuse
         median = {w: [statistics.median(t[i] for t in times[w]) * 1e6 / n for i in (0, 1)]
                   for w in ways}  # fmt: skip
         base = sum(median["ordinary"])
         print(f"{'bf16 autocast, addmm' if amp else 'float32, F.linear'}: µs per layer")
         for way in ways:
             fwd, bwd = median[way]
-            print(
-                f"  {way:9} forward {fwd:6.1f}  backward {bwd:6.1f}  x ordinary {(fwd + bwd) / base:.2f}"
-            )
+            ratio = (fwd + bwd) / base
+            print(f"  {way:9} forward {fwd:6.1f}  backward {bwd:6.1f}  x ordinary {ratio:.2f}")
 
 
 if __name__ == "__main__":
