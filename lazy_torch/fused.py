@@ -4,7 +4,7 @@ one node a call.
 
 With ``fused=True``, PyTorch's Adam, AdamW and SGD make one call per parameter group (and dtype)
 where their foreach path makes one per arithmetic step, each over every parameter. Here that call
-records one ``fused_adam`` or ``fused_sgd`` node over the tensors of every parameter
+records one ``lazy.fused_adam`` or ``lazy.fused_sgd`` node over the tensors of every parameter
 (lowerings/optim.py), and each tensor the step updates (the parameter, its moments or momentum
 buffer, its gradient when a ``grad_scale`` unscales it) takes its output as its new value.
 Learning rate, betas, epsilon and weight decay are graph scalars: changing them never recompiles.
@@ -95,7 +95,7 @@ def _fused_adam(func: Any, args: tuple, kwargs: dict) -> None:
     updated = keys if b["grad_scale"] is not None else [k for k in keys if k != "grads"]
     b["decoupled"] = "adamw" in func._schema.name
     scalars = ("lr", "beta1", "beta2", "weight_decay", "eps")
-    _record("fused_adam", func._schema.name, lists, updated, b, scalars)
+    _record("lazy.fused_adam", func._schema.name, lists, updated, b, scalars)
 
 
 @special(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
@@ -107,7 +107,7 @@ def _fused_sgd(func: Any, args: tuple, kwargs: dict) -> None:
     lists = {k: list(b[k]) for k in keys}
     updated = keys if b["grad_scale"] is not None else [k for k in keys if k != "grads"]
     scalars = ("lr", "weight_decay", "momentum", "dampening")
-    _record("fused_sgd", func._schema.name, lists, updated, b, scalars)
+    _record("lazy.fused_sgd", func._schema.name, lists, updated, b, scalars)
 
 
 @special(aten._amp_foreach_non_finite_check_and_unscale_.default)
@@ -116,7 +116,7 @@ def _unscale(func: Any, args: tuple, kwargs: dict) -> None:
     grads = list(b["self"])
     if grads:
         values = [*grads, b["found_inf"], b["inv_scale"]]
-        record_update("amp_unscale", values, (len(grads),), [*grads, b["found_inf"]])
+        record_update("lazy.amp_unscale", values, (len(grads),), [*grads, b["found_inf"]])
 
 
 @special(aten._amp_update_scale_.default)
@@ -124,7 +124,7 @@ def _update_scale(func: Any, args: tuple, kwargs: dict) -> Any:
     b = bound_arguments(func, args, kwargs)
     keys = ("self", "growth_tracker", "found_inf", "scale_growth_factor", "scale_backoff_factor")
     values = [b[k] for k in (*keys, "growth_interval")]
-    record_update("amp_update_scale", values, (), [b["self"], b["growth_tracker"]])
+    record_update("lazy.amp_update_scale", values, (), [b["self"], b["growth_tracker"]])
     return b["self"]
 
 
@@ -183,7 +183,7 @@ def _shared_leaves(keys: list, leaf: Callable[[Any], Any]) -> list:
 
 
 def adam_step(b: dict) -> bool:
-    """A foreach Adam or AdamW call as one ``fused_adam`` node; False where it does not fit."""
+    """A foreach Adam or AdamW call as one ``lazy.fused_adam`` node; False where it does not fit."""
     lists = [b["grads"], b["exp_avgs"], b["exp_avg_sqs"]]
     if b["amsgrad"]:
         lists.append(b["max_exp_avg_sqs"])
@@ -207,7 +207,7 @@ def adam_step(b: dict) -> bool:
 
 
 def sgd_step(b: dict) -> bool:
-    """A foreach SGD call as one ``fused_sgd`` node; False where it does not fit."""
+    """A foreach SGD call as one ``lazy.fused_sgd`` node; False where it does not fit."""
     grads, buffers = b["grads"], b["momentum_buffer_list"]
     first = b["momentum"] != 0 and all(t is None for t in buffers)
     held = [] if b["momentum"] == 0 or first else [buffers]

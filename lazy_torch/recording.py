@@ -24,7 +24,7 @@ from lazy_torch.shapes import MATMUL_OPS, memo_entry
 from lazy_torch.tensor import DEVICES, _native
 
 # The IR op of a foreach call recorded whole: arguments (element op, per-element templates).
-FOREACH = "foreach"
+FOREACH = "lazy.foreach"
 # Argument types that enter templates as their str.
 STR_TYPES = (torch.device, torch.layout, torch.memory_format)
 Plan = _native.Plan

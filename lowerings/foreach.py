@@ -14,7 +14,7 @@ from lazy_core.ir import fill
 from lowerings.registry import LoweringContext, lowering, lowering_for
 
 
-@lowering("foreach")
+@lowering("lazy.foreach")
 def _foreach(
     ctx: LoweringContext, op: str, operands: tuple, elements: tuple, counts: tuple[int, ...]
 ) -> tuple:

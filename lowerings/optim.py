@@ -1,5 +1,6 @@
-"""Fused optimizer steps: ``fused_adam`` (Adam, AdamW) and ``fused_sgd`` over every parameter; and
-GradScaler's ``amp_unscale`` and ``amp_update_scale``, as PyTorch's CPU kernels compute them.
+"""Fused optimizer steps: ``lazy.fused_adam`` (Adam, AdamW) and ``lazy.fused_sgd`` over every
+parameter; and GradScaler's ``lazy.amp_unscale`` and ``lazy.amp_update_scale``, as PyTorch's CPU
+kernels compute them.
 
 Operands: each list's tensors, list by list (``lists`` names them; every list has ``n``), then the
 step's scalars, then ``grad_scale`` and ``found_inf`` when given (``extras``). Outputs: the new
@@ -72,7 +73,7 @@ def _fused(name: str, n_scalars: int) -> Callable[[Element], Element]:
     return register
 
 
-@_fused("fused_adam", 5)
+@_fused("lazy.fused_adam", 5)
 def _adam(f: dict, v: dict, scalars: tuple, math: Any) -> dict:
     lr, beta1, beta2, weight_decay, eps = (jnp.asarray(s, math) for s in scalars)
     param, grad = v["self"], -v["grads"] if f["maximize"] else v["grads"]
@@ -95,7 +96,7 @@ def _adam(f: dict, v: dict, scalars: tuple, math: Any) -> dict:
     return new
 
 
-@_fused("fused_sgd", 4)
+@_fused("lazy.fused_sgd", 4)
 def _sgd(f: dict, v: dict, scalars: tuple, math: Any) -> dict:
     lr, weight_decay, momentum, dampening = (jnp.asarray(s, math) for s in scalars)
     param = v["self"]
@@ -114,7 +115,7 @@ def _sgd(f: dict, v: dict, scalars: tuple, math: Any) -> dict:
     return new
 
 
-@lowering("amp_unscale")
+@lowering("lazy.amp_unscale")
 def _amp_unscale(ctx: LoweringContext, operands: tuple, n: int) -> tuple:
     """Each gradient times ``inv_scale``; ``found_inf`` becomes 1 if any gradient held a
     non-finite value (it is never reset here)."""
@@ -126,7 +127,7 @@ def _amp_unscale(ctx: LoweringContext, operands: tuple, n: int) -> tuple:
     return (*outputs, jnp.where(bad, jnp.ones_like(found_inf), found_inf))
 
 
-@lowering("amp_update_scale")
+@lowering("lazy.amp_update_scale")
 def _amp_update_scale(ctx: LoweringContext, operands: tuple) -> tuple:
     """Back off the scale after a step with non-finite gradients; grow it after
     ``growth_interval`` clean steps in a row, unless the grown scale would not be finite."""

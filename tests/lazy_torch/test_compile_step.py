@@ -155,7 +155,7 @@ def test_replays_record_one_node_and_set_each_steps_gradients():
         grads.append([p.grad for p in model.parameters()])
         text = lazy_torch.debug.ir_text(loss, *model.parameters(), *grads[-1])
         lazy_torch.mark_step()
-    assert text.count(" lazy.call(") == 1 and " fused_adam(" not in text
+    assert text.count(" lazy.call(") == 1 and " lazy.fused_adam(" not in text
     assert not loss.requires_grad  # the step ran its own backward: no history to go through
     assert all(a is not b for a, b in zip(grads[-1], grads[-2]))  # new tensors, as eager's
 

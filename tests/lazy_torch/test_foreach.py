@@ -169,9 +169,9 @@ def test_an_optimizer_step_records_one_node_per_foreach_call():
     lazy_torch.mark_step()
     torch.optim.AdamW(model.parameters()).step()
     ops = collections.Counter(n.op for n in cut_graph([s.node for s in pending_storages()]).nodes)
-    assert ops["foreach"] >= 5
+    assert ops["lazy.foreach"] >= 5
     assert not [op for op in ops if op.startswith(("aten.lerp", "aten.addcdiv", "aten.mul"))]
-    assert ops["getitem"] == 10 * ops["foreach"]  # one output per parameter
+    assert ops["getitem"] == 10 * ops["lazy.foreach"]  # one output per parameter
 
 
 def test_one_number_for_every_element_is_one_graph_parameter():

@@ -229,8 +229,8 @@ def test_default_optimizers_record_their_fused_step_and_match_eager(name):
             loss.backward()
             opt.step()
         ops = _pending_ops()
-        assert ops.count("fused_sgd" if cls is torch.optim.SGD else "fused_adam") == 1
-        assert "foreach" not in ops
+        assert ops.count("lazy.fused_sgd" if cls is torch.optim.SGD else "lazy.fused_adam") == 1
+        assert "lazy.foreach" not in ops
         lazy_torch.mark_step()
         for p, q in zip(eager.parameters(), lazy.parameters()):
             torch.testing.assert_close(q.cpu(), p)
@@ -244,7 +244,7 @@ def test_bfloat16_parameters_keep_the_foreach_path():
     model(torch.randn(6, 5, dtype=torch.bfloat16, device="lazy")).sum().backward()
     torch.optim.AdamW(model.parameters()).step()
     ops = _pending_ops()
-    assert "foreach" in ops and "fused_adam" not in ops
+    assert "lazy.foreach" in ops and "lazy.fused_adam" not in ops
 
 
 def test_the_foreach_path_when_routing_is_off(monkeypatch):
@@ -255,7 +255,7 @@ def test_the_foreach_path_when_routing_is_off(monkeypatch):
     model(torch.randn(6, 5, device="lazy")).sum().backward()
     torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).step()
     ops = _pending_ops()
-    assert "foreach" in ops and "fused_sgd" not in ops
+    assert "lazy.foreach" in ops and "lazy.fused_sgd" not in ops
 
 
 @pytest.mark.parametrize("cls", [torch.optim.AdamW, torch.optim.SGD])

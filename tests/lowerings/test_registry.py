@@ -19,15 +19,8 @@ _CATEGORIES = {
     path.stem for path in pathlib.Path(lowerings.__file__).parent.glob("*.py")
 } - _NOT_CATEGORIES
 
-# The project's own ops outside the ``lazy.`` namespace, each with where its nodes are recorded
-# (lazy_torch/, whose names these are). Renaming one there and here removes its line.
-_NOT_NAMESPACED = {
-    "foreach": "lazy_torch/recording.py (FOREACH)",
-    "fused_adam": "lazy_torch/fused.py (_fused_adam)",
-    "fused_sgd": "lazy_torch/fused.py (_fused_sgd)",
-    "amp_unscale": "lazy_torch/fused.py (_unscale)",
-    "amp_update_scale": "lazy_torch/fused.py (_update_scale)",
-}
+# The project's own ops outside the ``lazy.`` namespace (none: every op of ours is lazy.*).
+_NOT_NAMESPACED: dict[str, str] = {}
 # PyTorch's op namespaces, and the project's own.
 _NAMESPACES = ("aten.", "prims.", "lazy.")
 
@@ -94,14 +87,14 @@ def test_categories_are_the_registering_module():
     assert category("aten.add.Tensor") == "elementwise"
     assert category("aten.sum.default") == "reduction"
     assert category(_ATTENTION) == category(_ATTENTION_BACKWARD) == "attention"
-    assert category("foreach") == "foreach"
+    assert category("lazy.foreach") == "foreach"
     assert category("aten.index.Tensor") == category("aten.gather.default") == "indexing"
     assert category("aten.normal.Tensor_Tensor") == category("lazy.rng_advance") == "random"
     assert category("aten.avg_pool2d.default") == "convolution"  # registered as a partial
     # Registered by special.py through a helper of elementwise.py: special's.
     assert category("aten.special_bessel_j0.default") == "special"
     assert category("prims.frexp.default") == "special"
-    assert category("fused_adam") == category("amp_unscale") == "optim"
+    assert category("lazy.fused_adam") == category("lazy.amp_unscale") == "optim"
     assert category("aten.no_such_op.default") is None
 
 
