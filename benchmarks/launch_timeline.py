@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import lazy_torch  # noqa: E402
 from benchmarks import suite  # noqa: E402
-from runtime import executor, metrics  # noqa: E402
+from runtime import executor, metrics, timer  # noqa: E402
 
 _events: list[tuple[str, float]] = []
 _execute = executor._execute
@@ -85,7 +85,7 @@ def main() -> None:
             lazy_torch.mark_step()
             _events.append(("M", time.perf_counter()))
         lazy_torch.wait_device_ops()
-        executor._timer.drain()
+        timer.TIMER.drain()
         ms = (time.perf_counter() - start) / args.steps * 1e3
         print(f"{args.backend} {args.optimizer} back to back {ms:.2f} ms per step", flush=True)
     kinds = _by_kind(start)
@@ -95,7 +95,8 @@ def main() -> None:
         row = {k: v[i] for k, v in kinds.items()}
         late = row["C0"] - kinds["D"][i - 1] if i else 0.0
         times = "".join(f"{row[k]:7.1f}" for k in ("S", "T", "M", "C0", "C1", "D"))
-        print(f"{i:4d}{times} {row['C1'] - row['C0']:6.2f} {late:10.2f} {row['D'] - row['C1']:6.2f}")
+        call, wait = row["C1"] - row["C0"], row["D"] - row["C1"]
+        print(f"{i:4d}{times} {call:6.2f} {late:10.2f} {wait:6.2f}")
     _events.clear()
     for _ in range(8):
         step()

@@ -30,11 +30,6 @@ RECYCLE: bool | None = _flag("LAZY_RECYCLE", default=None)
 # Where lazy_torch/_wrapper.py keeps the C++ wrapper module it builds at first import; empty means
 # $XDG_CACHE_HOME/lazy_torch, else ~/.cache/lazy_torch.
 EXTENSION_DIR: str = os.environ.get("LAZY_EXTENSION_DIR", "").strip()
-# On GPUs, ask JAX's CUDA plugin for its TFRT client, which launches an executable's kernels from a
-# thread of its own (device.py). Off by default: executables are called from the launch thread
-# (launcher.py), and with the TFRT client the tracing thread ran slower (figures:
-# benchmarks/RESULTS.md, "Launch thread").
-GPU_ASYNC_LAUNCH: bool = _flag("LAZY_GPU_ASYNC_LAUNCH", default=False)
 # Call executables from a thread of their own (launcher.py), so that an asynchronous barrier
 # returns before the call does: 1 or 0; unset means on for GPUs and TPUs and off on the CPU
 # platform, where the call runs the program itself on the host's cores and a thread only adds

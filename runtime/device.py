@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable
 from functools import cache
@@ -14,15 +13,6 @@ import numpy as np
 
 from runtime import config, metrics
 from runtime.launcher import resolve
-
-# JAX's CUDA plugin reads this when it creates its client (at the first use of a device, not at
-# import). Its default client launches every kernel of an executable from the calling thread (the
-# runtime's launch thread); the TFRT client hands the launches to a thread of its own. Before the
-# launch thread, that took much of a step's call off the tracing thread; with it, the TFRT client
-# slowed tracing instead (config.GPU_ASYNC_LAUNCH; figures: benchmarks/RESULTS.md, "Launch
-# thread"). LAZY_GPU_ASYNC_LAUNCH=1 asks for it; a value the user set stays.
-if config.GPU_ASYNC_LAUNCH:
-    os.environ.setdefault("XLA_PYTHON_CLIENT_USE_TFRT_GPU_CLIENT", "1")
 
 
 def x64() -> Any:

@@ -10,7 +10,7 @@ import torch
 
 import lazy_torch
 import runtime
-from runtime import executor
+from runtime import executables, executor
 from runtime.launcher import Deferred, Launcher, is_ready, resolve
 
 
@@ -133,7 +133,7 @@ def test_a_failed_asynchronous_launch_raises_on_reads_and_once_at_the_next_barri
     real = executor._execute
 
     def failing(exe, values, graph):
-        what = executor._describe(graph)
+        what = executables.describe(graph)
         raise runtime.GraphError(f"running {what} failed: RuntimeError: device lost")
 
     monkeypatch.setattr(executor, "_execute", failing)
@@ -174,7 +174,7 @@ def test_a_parameter_free_graph_whose_launch_failed_runs_again(launch_thread, mo
     real = executor._execute
 
     def failing(exe, values, graph):
-        what = executor._describe(graph)
+        what = executables.describe(graph)
         raise runtime.GraphError(f"running {what} failed: RuntimeError: device lost")
 
     monkeypatch.setattr(executor, "_execute", failing)
