@@ -18,8 +18,8 @@ from lazy_torch import (  # noqa: F401
     attention,
     data_dependent,
     debug,
-    dispatch,
     device_module,
+    dispatch,
     dynamo,  # registers torch.compile's backend "lazy" (Dynamo is imported on first use)
     fused,
     meta_kernels,

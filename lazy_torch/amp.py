@@ -68,7 +68,8 @@ _POLICY = {name: policy for policy, names in _POLICIES.items() for name in names
 _BANNED_MESSAGE = (
     "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
     "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
-    "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+    "In this case, combine the two layers using "
+    "torch.nn.functional.binary_cross_entropy_with_logits\n"
     "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
     "safe to autocast."
 )
@@ -280,7 +281,7 @@ def _flat(args: tuple, kwargs: dict) -> Iterator[Any]:
 
 def _castable(t: Any) -> bool:
     """A lazy floating-point tensor that autocast may cast (float64 is left alone)."""
-    return isinstance(t, LazyTensor) and t._meta[3] in _CASTABLE
+    return isinstance(t, LazyTensor) and t._meta.dtype in _CASTABLE
 
 
 def _any_lazy(args: tuple, kwargs: dict) -> bool:
@@ -293,7 +294,7 @@ def _cast(t: Any, dtype: torch.dtype, cache: bool) -> Any:
         if isinstance(t, (list, tuple)):
             return type(t)(_cast(x, dtype, cache) for x in t)
         return t
-    have = t._meta[3]
+    have = t._meta.dtype
     if have is dtype or have not in _CASTABLE:
         return t
     if not (cache and have is torch.float32 and t.is_leaf and t.requires_grad and not t._is_view()):
@@ -340,7 +341,7 @@ def _widest(args: tuple, kwargs: dict, lower: torch.dtype) -> torch.dtype:
     widest = lower
     for t in _flat(args, kwargs):
         if _castable(t):
-            widest = torch.promote_types(widest, t._meta[3])
+            widest = torch.promote_types(widest, t._meta.dtype)
     return widest
 
 

@@ -566,7 +566,7 @@ def _grads_made(grads: list[tuple], known: set[int], outs: list[tuple]) -> str |
         if storage in storages or returned.get(storage, g) is not g:
             return "it sets gradients that share memory with each other or its result"
         storages.add(storage)
-        if g._meta[:3] != (p._meta[0], p._meta[1], 0):
+        if g._meta[:3] != (p._meta.shape, p._meta.stride, 0):
             return "it sets a gradient whose layout differs from its parameter's"
     return None
 

@@ -16,7 +16,7 @@ import torch
 from lazy_torch.dispatch import special
 from lazy_torch.recording import bound_arguments
 from lazy_torch.shapes import check_like_eager
-from lazy_torch.tensor import LazyTensor, to_cpu, wrap
+from lazy_torch.tensor import LazyTensor, Meta, to_cpu, wrap
 
 aten = torch.ops.aten
 
@@ -68,7 +68,7 @@ def _nonzero(func, args, kwargs):
     size = _count(x.ne(0), "nonzero")
     out = aten.nonzero_static.default(x, size=size)
     # Eager's kernel fills a (dims, count) tensor and returns its transpose: strides (1, count).
-    return wrap(out._lazy, (out._meta[0], (1, size), 0, out.dtype))
+    return wrap(out._lazy, Meta(out._meta.shape, (1, size), 0, out.dtype))
 
 
 @special(aten.masked_select.default)

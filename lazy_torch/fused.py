@@ -59,7 +59,7 @@ def _check_lists(name: str, lists: dict[str, list]) -> int:
 
 
 def _shapes(tensors: list) -> list[tuple[int, ...]]:
-    return [t._meta[0] if type(t) is LazyTensor else tuple(t.shape) for t in tensors]
+    return [t._meta.shape if type(t) is LazyTensor else tuple(t.shape) for t in tensors]
 
 
 def _record(
@@ -141,9 +141,9 @@ def _one_group(params: list, *lists: list) -> bool:
     device with its dtype, float32 or float64."""
     if not params or type(params[0]) is not LazyTensor:
         return False
-    dtype, device = params[0]._meta[3], params[0]._lazy.device
+    dtype, device = params[0]._meta.dtype, params[0]._lazy.device
     return dtype in _EXACT and all(
-        type(t) is LazyTensor and t._meta[3] is dtype and t._lazy.device == device
+        type(t) is LazyTensor and t._meta.dtype is dtype and t._lazy.device == device
         for tensors in (params, *lists)
         for t in tensors
     )

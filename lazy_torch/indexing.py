@@ -20,8 +20,8 @@ import torch
 
 from lazy_core import digest
 from lazy_torch.dispatch import dispatch, recorded, special
-from lazy_torch.recording import RECORD, bound_arguments, record
 from lazy_torch.eager_checks import standin
+from lazy_torch.recording import RECORD, bound_arguments, record
 from lazy_torch.tensor import LazyTensor, dense_meta, to_cpu, upload
 from lazy_torch.variants import assign
 

@@ -42,9 +42,9 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 def _forward(x: Any, weight: Any, bias: Any, transposed: bool, dtype: torch.dtype) -> Any:
     """The layer's one node, in ``dtype``."""
-    out = weight._meta[0][0 if transposed else 1]
+    out = weight._meta.shape[0 if transposed else 1]
     values = [x, weight] if bias is None else [x, weight, bias]
-    meta = dense_meta((*x._meta[0][:-1], out), dtype)
+    meta = dense_meta((*x._meta.shape[:-1], out), dtype)
     return record_op("lazy.linear", values, (transposed,), meta, matmul=True)
 
 
@@ -65,10 +65,10 @@ def _backward(
             grad_w = (grad_w.t() if transposed else grad_w).to(weight.dtype)
         grad_b = rows.sum(0).to(bias_dtype) if need_b else None
         return grad_x, grad_w, grad_b
-    w_shape = weight._meta[0]
+    w_shape = weight._meta.shape
     metas = (
-        dense_meta(x._meta[0], x._meta[3]) if need_x else None,
-        dense_meta(w_shape, weight._meta[3]) if need_w else None,
+        dense_meta(x._meta.shape, x._meta.dtype) if need_x else None,
+        dense_meta(w_shape, weight._meta.dtype) if need_w else None,
         dense_meta((w_shape[0 if transposed else 1],), bias_dtype) if need_b else None,
     )
     values = [grad, x, weight]
@@ -92,7 +92,7 @@ def addmm(dtype: torch.dtype, self: Any, mat1: Any, mat2: Any, *, beta=1, alpha=
     otherwise (the caller has checked its operands are lazy and floating)."""
     if beta != 1 or alpha != 1:
         return NotImplemented
-    bias, rows, weight = self._meta[0], mat1._meta[0], mat2._meta[0]
+    bias, rows, weight = self._meta.shape, mat1._meta.shape, mat2._meta.shape
     if len(rows) != 2 or len(weight) != 2 or bias != (weight[1],) or rows[1] != weight[0]:
         return NotImplemented
     return _apply(mat1, mat2, self, False, dtype)
@@ -101,11 +101,11 @@ def addmm(dtype: torch.dtype, self: Any, mat1: Any, mat2: Any, *, beta=1, alpha=
 def linear(dtype: torch.dtype, input: Any, weight: Any, bias: Any = None) -> Any:
     """``F.linear`` in ``dtype`` as one node, or NotImplemented where eager computes it
     otherwise (the caller has checked its operands are lazy and floating)."""
-    shape, w = input._meta[0], weight._meta[0]
+    shape, w = input._meta.shape, weight._meta.shape
     if len(shape) < 2 or len(w) != 2 or shape[-1] != w[1]:
         return NotImplemented
     if bias is not None and (
-        bias._meta[0] != (w[0],) or not (len(shape) == 2 or input.is_contiguous())
+        bias._meta.shape != (w[0],) or not (len(shape) == 2 or input.is_contiguous())
     ):
         return NotImplemented
     return _apply(input, weight, bias, True, dtype)
@@ -121,9 +121,9 @@ def _linear_kernel(input: Any, weight: Any, bias: Any = None) -> Any:
         runtime.config.FUSE_LINEAR
         and isinstance(input, LazyTensor)
         and isinstance(weight, LazyTensor)
-        and (dtype := input._meta[3]) in _FLOATS
-        and weight._meta[3] is dtype
-        and (bias is None or (isinstance(bias, LazyTensor) and bias._meta[3] is dtype))
+        and (dtype := input._meta.dtype) in _FLOATS
+        and weight._meta.dtype is dtype
+        and (bias is None or (isinstance(bias, LazyTensor) and bias._meta.dtype is dtype))
     ):
         out = linear(dtype, input, weight, bias)
         if out is not NotImplemented:

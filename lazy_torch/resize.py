@@ -103,7 +103,7 @@ def window(t: LazyTensor, meta: Meta) -> LazyTensor:
     else:
         # A dtype view (``x.view(torch.int32)``): its own elements stand for its memory.
         base = aten.clone.default(t, memory_format=torch.contiguous_format)
-        meta = (meta[0], meta[1], 0, meta[3])
+        meta = meta._replace(offset=0)
     have, need = base.numel(), extent(meta)
     if need > have:
         flat = aten.reshape.default(base, (-1,))
@@ -236,7 +236,7 @@ def fill_outs(func: Any, args: tuple, kwargs: dict, out_names: list[str], result
     results = _flat([result])
     if len(outs) == len(results) and all(
         isinstance(o, LazyTensor)
-        and o._meta[0] == r._meta[0]
+        and o._meta.shape == r._meta.shape
         and o.dtype == r.dtype
         and o._lazy.device == r._lazy.device
         for o, r in zip(outs, results)
@@ -254,7 +254,8 @@ def fill_outs(func: Any, args: tuple, kwargs: dict, out_names: list[str], result
     for o, r, meta in zip(outs, results, metas):
         if r.dtype != o.dtype:
             r = aten._to_copy.default(r, dtype=o.dtype)
-        if meta[0] != o._meta[0] and not meta[2] and not _numel(o._lazy.storage.node.shape):
+        empty = not _numel(o._lazy.storage.node.shape)
+        if meta.shape != o._meta.shape and not meta.offset and empty:
             # The ``out=torch.empty(0)`` idiom: no element of the storage to keep.
             become(o, fresh(r._lazy.node, o._lazy.device, meta))
             continue
@@ -322,7 +323,7 @@ def _eager_outs(
                 _eager_outs_cache[key] = entry
     metas, messages = entry
     if results is not None and (
-        len(metas) != len(results) or any(m[0] != r._meta[0] for m, r in zip(metas, results))
+        len(metas) != len(results) or any(m.shape != r._meta.shape for m, r in zip(metas, results))
     ):
         # Zeros gave eager another result size (nonzero): resize as eager's resize_output would.
         return _by_rule(_flat([kwargs[n] for n in out_names]), results)
@@ -414,10 +415,10 @@ def _by_rule(outs: list, results: list) -> tuple[list[Meta], list[str]]:
     the result's sizes and strides, with eager's warning when it had elements."""
     metas, messages = [], []
     for o, r in zip(outs, results):
-        if o._meta[0] == r._meta[0]:
+        if o._meta.shape == r._meta.shape:
             metas.append(o._meta)
             continue
-        metas.append((r._meta[0], r._meta[1], o._meta[2], o.dtype))
+        metas.append(Meta(r._meta.shape, r._meta.stride, o._meta.offset, o.dtype))
         # Copy ops' out= kernels resize with ``resize_output``: its warning, word for word.
         like = torch.zeros(r.shape, dtype=o.dtype)
         messages.extend(_call(aten.alias_copy.out, (like,), {"out": _to_cpu(o)}))

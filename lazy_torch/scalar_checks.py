@@ -126,7 +126,7 @@ def _overflows(args: tuple, *values: Any) -> bool:
         elif -128 <= v <= 127 and (kind is int or v >= 0):
             continue
         self = args[0]
-        dtype = self._meta[3] if type(self) is LazyTensor else self.dtype
+        dtype = self._meta.dtype if type(self) is LazyTensor else self.dtype
         floating, low, high = _RANGES.get(dtype) or _range(dtype)
         if floating and type(v) in (int, float) and low <= v <= high:
             continue  # a floating self keeps a floating result dtype at least as wide

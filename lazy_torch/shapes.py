@@ -43,12 +43,6 @@ FALLBACK_EXCEPTIONS = (
 
 
 
-def is_single_meta(meta: Any) -> bool:
-    """Whether an op's output metadata is one Meta ((shape, strides, offset, dtype)), not a
-    sequence of Metas or Nones, one per output."""
-    return type(meta) is tuple and len(meta) == 4 and isinstance(meta[3], torch.dtype)
-
-
 def _to_meta(v: Any, cpu_scalars: bool = False) -> Any:
     """``v`` with lazy tensors (and, with ``cpu_scalars``, 0-dim CPU tensors) as meta tensors."""
     if isinstance(v, LazyTensor):
@@ -92,7 +86,7 @@ def memo_entry(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any =
             result = check_like_eager(func, args, kwargs)
             if not _all_empty(result):
                 raise
-        if str(func) in MATMUL_OPS and len({a.dtype for a in margs if _is_meta(a)}) > 1:
+        if str(func) in MATMUL_OPS and len({a.dtype for a in margs if _on_meta_device(a)}) > 1:
             _raise_eager_error(func, margs, mkwargs)  # meta kernels let matmuls mix dtypes
         result = eager_memo_rule(func, margs, mkwargs, result)  # what meta kernels miss
         _dtype_checks.check(func, margs, mkwargs)  # eager's kernels refuse some dtypes
@@ -101,7 +95,7 @@ def memo_entry(func: Any, args: tuple, kwargs: dict, key: tuple, template: Any =
     return entry
 
 
-def _is_meta(v: Any) -> bool:
+def _on_meta_device(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type == "meta"
 
 
@@ -121,7 +115,7 @@ def _raise_eager_error(func: Any, margs: Any, mkwargs: dict) -> Any:
     differently); else return eager's result."""
 
     def cpu(v: Any) -> Any:
-        if _is_meta(v):
+        if _on_meta_device(v):
             return torch.zeros(v.shape, dtype=v.dtype)
         if isinstance(v, (list, tuple)):
             return type(v)(cpu(x) for x in v)

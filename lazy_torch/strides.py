@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from lazy_torch.resize import extent
-from lazy_torch.tensor import LazyTensor, Meta, meta_of
+from lazy_torch.tensor import LazyTensor, Meta, is_meta, meta_of
 
 # Calls whose tensors (their storages' extents, and the outputs) hold at most this many elements
 # in all are replayed at full size: a few microseconds to a millisecond, once per signature.
@@ -98,16 +98,12 @@ def _elements(v: Any) -> int:
 
 
 def _output_elements(meta: Any) -> int:
-    if _is_meta(meta):
+    if is_meta(meta):
         n = 1
-        for s in meta[0]:
+        for s in meta.shape:
             n *= s
         return n
     return sum(_output_elements(m) for m in meta if m is not None)
-
-
-def _is_meta(meta: Any) -> bool:
-    return type(meta) is tuple and len(meta) == 4 and isinstance(meta[3], torch.dtype)
 
 
 def _standin(t: LazyTensor) -> torch.Tensor:
@@ -173,10 +169,10 @@ class _Quiet(torch.autograd.Function):
 
 def _merged(meta: Any, eager: Any) -> Any:
     """``meta`` with eager's strides and offset for each output whose shape and dtype agree."""
-    if _is_meta(meta):
+    if is_meta(meta):
         if isinstance(eager, torch.Tensor) and eager.layout == torch.strided:
             got = meta_of(eager)
-            if got[0] == meta[0] and got[3] == meta[3]:
+            if got.shape == meta.shape and got.dtype == meta.dtype:
                 return got
         return meta
     if not isinstance(eager, (list, tuple)) or len(eager) != len(meta):
@@ -252,7 +248,7 @@ def _shrink(meta: Meta, sizes: dict[int, int]) -> Meta:
     for d, n in enumerate(shape):
         if n < 2:
             small[d] = _placed(stride[d], points)
-    return small_shape, tuple(small), min(offset, 1), dtype
+    return Meta(small_shape, tuple(small), min(offset, 1), dtype)
 
 
 def _placed(value: int, points: list[tuple[int, int]]) -> int:
@@ -284,7 +280,7 @@ def _shrunk_replay(func: Any, args: tuple, kwargs: dict, meta: Any, seeded: bool
     tensors = _lazy_tensors((args, kwargs), [])
     if not tensors:
         return meta  # a factory: its sizes are its arguments
-    ranked = sorted({n for t in tensors for n in t._meta[0] if n > 1})
+    ranked = sorted({n for t in tensors for n in t._meta.shape if n > 1})
     sizes = {n: 2 + i for i, n in enumerate(ranked)}
     try:
         layouts = {id(t): (t._meta, _shrink(t._meta, sizes)) for t in tensors}
@@ -295,8 +291,8 @@ def _shrunk_replay(func: Any, args: tuple, kwargs: dict, meta: Any, seeded: bool
 
     def standin(t: LazyTensor, device: str) -> torch.Tensor:
         small = layouts[id(t)][1]
-        size = max(extent(small), small[2])
-        return torch.zeros(size, dtype=small[3], device=device).as_strided(*small[:3])
+        size = max(extent(small), small.offset)
+        return torch.zeros(size, dtype=small.dtype, device=device).as_strided(*small[:3])
 
     # The meta kernel first: the shrunk outputs must be small (an output's sizes may be
     # arguments, new_zeros's), and must be made.
@@ -357,7 +353,7 @@ def _metas_or_none(out: Any) -> Any:
 def _grown(meta: Any, eager: Any, layouts: list) -> Any:
     """``meta`` with the layout each output's shrunk replay ``eager`` maps back to, where the
     shrunk output matches: same dtype and number of dims, sizes 0 and 1 in the same places."""
-    if not _is_meta(meta):
+    if not is_meta(meta):
         if not isinstance(eager, (list, tuple)) or len(eager) != len(meta):
             return meta
         grown = [m if m is None else _grown(m, e, layouts) for m, e in zip(meta, eager)]
@@ -375,14 +371,14 @@ def _grown(meta: Any, eager: Any, layouts: list) -> Any:
     # Eager gave it an input's strides (TensorIterator's fast path, empty_like), and offset
     # (*_scatter), or a new dense layout.
     kept = {
-        (real[1], real[2] if small[2] else 0)
+        (real.stride, real.offset if small.offset else 0)
         for real, shrunk in layouts
-        if real[0] == shape and shrunk[:2] == small[:2] and small[2] in (0, shrunk[2])
+        if real.shape == shape and shrunk[:2] == small[:2] and small.offset in (0, shrunk.offset)
     }
     if kept:
-        return (shape, *kept.pop(), dtype) if len(kept) == 1 else meta
-    stride = _dense_stride_back(shape, small) if small[2] == 0 else None
-    return meta if stride is None else (shape, stride, 0, dtype)
+        return Meta(shape, *kept.pop(), dtype) if len(kept) == 1 else meta
+    stride = _dense_stride_back(shape, small) if small.offset == 0 else None
+    return meta if stride is None else Meta(shape, stride, 0, dtype)
 
 
 def _dense_stride_back(shape: tuple, small: Meta) -> tuple | None:

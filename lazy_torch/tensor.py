@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -19,8 +19,20 @@ extension: Any = _wrapper.load()
 # Makes each lazy tensor's wrapper (dispatch.use_wrapper swaps in PyTorch's own, to compare).
 make_wrapper = extension.make_wrapper
 
-# Shape, strides, storage offset and dtype as eager PyTorch would report them.
-Meta = tuple[tuple[int, ...], tuple[int, ...], int, torch.dtype]
+class Meta(NamedTuple):
+    """A tensor's metadata as eager PyTorch would report it. A tuple underneath: memo keys digest
+    it, and C reads it (lazy_torch/csrc)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int  # the storage offset
+    dtype: torch.dtype
+
+
+def is_meta(v: Any) -> bool:
+    """Whether an op's output metadata ``v`` is one Meta, not a sequence of Metas (or Nones), one
+    per output of a multi-output op."""
+    return type(v) is Meta
 
 
 # torch.device objects of lazy:0 .. lazy:63, made once.
@@ -124,7 +136,9 @@ class LazyTensor(torch.Tensor):
 
 
 # What the C recording path needs to make tensors (dispatch.py configures the rest).
-_native.configure(tensor_type=LazyTensor, make_wrapper=make_wrapper, devices=tuple(DEVICES))
+_native.configure(
+    tensor_type=LazyTensor, meta_type=Meta, make_wrapper=make_wrapper, devices=tuple(DEVICES)
+)
 
 # Autograd's detaches of lazy tensors (saving an output, unpacking it in the backward) reach
 # __torch_dispatch__ straight from C++ instead of through PyTorch's lookup of the op per call.
@@ -145,7 +159,7 @@ def _dense_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def dense_meta(shape: tuple[int, ...], dtype: torch.dtype) -> Meta:
     """The Meta of a new contiguous tensor of ``shape`` and ``dtype``."""
-    return (shape, _dense_stride(shape), 0, dtype)
+    return Meta(shape, _dense_stride(shape), 0, dtype)
 
 
 def contiguous_stride(shape: Iterable[int]) -> tuple[int, ...]:
@@ -157,7 +171,7 @@ def contiguous_stride(shape: Iterable[int]) -> tuple[int, ...]:
 
 
 def meta_of(t: torch.Tensor) -> Meta:
-    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+    return Meta(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
 
 
 # A new lazy tensor holding ``view`` (a View or a Storage), of ``meta``: wrap(view, meta).

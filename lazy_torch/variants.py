@@ -16,8 +16,8 @@ from lazy_torch.backend import BACKEND
 from lazy_torch.eager_checks import check_inplace_overlap
 from lazy_torch.recording import memo_key, record, view_key
 from lazy_torch.resize import become
-from lazy_torch.shapes import check_like_eager, infer, is_single_meta
-from lazy_torch.tensor import LazyTensor, wrap
+from lazy_torch.shapes import check_like_eager, infer
+from lazy_torch.tensor import LazyTensor, is_meta, wrap
 from lazy_torch.views import STORAGE_STEP, write
 
 Handler = Callable[[Any, tuple, dict], Any]
@@ -134,13 +134,13 @@ def view(build: Callable, storage_relative: bool) -> Handler:
         entry = BACKEND.view_cache.get(key)
         if entry is None:
             meta = infer(func, args, kwargs, key)
-            steps = build(args, kwargs, meta if is_single_meta(meta) else list(meta), self._meta)
+            steps = build(args, kwargs, meta if is_meta(meta) else list(meta), self._meta)
             entry = BACKEND.view_cache[key] = (meta, tuple(steps))
         meta, steps = entry
         parent = self._lazy
         if storage_relative and steps[0].op == STORAGE_STEP:
             parent = parent.storage
-        if is_single_meta(meta):
+        if is_meta(meta):
             return wrap(parent.then(steps[0]), meta)
         return type(meta)(wrap(parent.then(step), m) for step, m in zip(steps, meta))
 

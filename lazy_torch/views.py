@@ -25,7 +25,7 @@ OVERLAP_ERROR = (
     "memory location. Please clone() the tensor before performing the operation."
 )
 
-Meta = tuple  # (shape, stride, offset, dtype), as in lazy_torch.tensor
+Meta = tuple  # lazy_torch.tensor.Meta, which imports this module
 Builder = Callable[[tuple, dict, Any, Meta], Sequence[ViewStep]]
 
 
@@ -175,7 +175,7 @@ def write(target: Any, node: Any) -> None:
     steps = view.steps
     k = next(i for i, s in enumerate(steps) if s.inverse_op is None)
     source, meta = steps[k].source, target._meta
-    if source is None or source[3] != meta[3] or not _window.distinct(meta[:3]):
+    if source is None or source.dtype != meta.dtype or not _window.distinct(meta[:3]):
         raise RuntimeError(error) from None
     prefix = view.storage
     for step in steps[:k]:

@@ -35,7 +35,7 @@ int tensor_needs_cast(PyObject* v, PyObject* dtype, PyObject* castable) {
     if (!PyObject_TypeCheck(v, (PyTypeObject*)cfg.tensor_type)) return 0;
     Ref meta(PyObject_GetAttr(v, s_meta));
     if (!meta) return -1;
-    if (!PyTuple_CheckExact(meta.p) || PyTuple_GET_SIZE(meta.p) != 4) return 1;  // cast decides
+    if (!Py_IS_TYPE(meta.p, (PyTypeObject*)cfg.meta_type)) return 1;  // cast decides
     PyObject* have = PyTuple_GET_ITEM(meta.p, 3);
     return have == dtype ? 0 : PySequence_Contains(castable, have);
 }

@@ -199,6 +199,7 @@ struct Field {
 };
 const Field fields[] = {
     {"tensor_type", &cfg.tensor_type, &PyType_Type},
+    {"meta_type", &cfg.meta_type, &PyType_Type},
     {"foreign_type", &cfg.foreign_type, &PyType_Type},
     {"fallback", &cfg.fallback, nullptr},
     {"flags", &cfg.flags, &PyDict_Type},

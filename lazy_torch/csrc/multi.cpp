@@ -113,7 +113,7 @@ int elements_fit(PyObject* metas, PyObject* targets) {
         if (Py_TYPE(target) != (PyTypeObject*)cfg.tensor_type) return 0;
         Ref meta(PyObject_GetAttr(target, s_meta));
         if (!meta) return -1;
-        if (!PyTuple_CheckExact(meta.p) || PyTuple_GET_SIZE(meta.p) != 4 ||
+        if (!Py_IS_TYPE(meta.p, (PyTypeObject*)cfg.meta_type) ||
             PyTuple_GET_ITEM(meta.p, 3) != dtype)
             return 0;
         int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(meta.p, 0),

@@ -29,6 +29,7 @@ inline PyObject* digest_int(const Digest& d) { return core->digest_int(d); }
 // What the front end configures (dispatch.py's configure call names each field).
 struct Config {
     PyObject* tensor_type = nullptr;   // the lazy tensor class (instances hold _lazy and _meta)
+    PyObject* meta_type = nullptr;     // Meta (shape, stride, offset, dtype): a tuple subclass
     PyObject* foreign_type = nullptr;  // torch.Tensor: other tensors (0-dim CPU ones are scalars)
     PyObject* fallback = nullptr;      // dispatch(func, args, kwargs): the op's Python handler
     PyObject* flags = nullptr;         // a dict; a true "recording" entry sends every op to Python
@@ -125,8 +126,8 @@ PyObject* wrap_outputs(PyObject* name, PyObject* srcs, PyObject* arg, PyObject* 
 bool call_arguments(PyObject* args, PyObject* kwargs, const char* what);
 // ``kwargs``, or null for None or an empty dict.
 PyObject* kwargs_or_null(PyObject* kwargs);
-// The IR dtype name of a single Meta (borrowed), nullptr for anything else; -1 with an error for
-// a Meta whose dtype has no IR name.
+// 1 and the IR dtype name (borrowed) of a Meta; 0 for anything else (a sequence of Metas); -1
+// with an error for a Meta whose dtype has no IR name.
 int single_meta(PyObject* meta, PyObject** dtype_name);
 // A new lazy tensor holding ``view`` (a Storage or View) with ``meta`` on device index ``device``.
 PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device);

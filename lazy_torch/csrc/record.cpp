@@ -454,9 +454,8 @@ PyObject* attr(Operands* ops, PyObject* v) {
 }
 
 int single_meta(PyObject* meta, PyObject** dtype_name) {
-    if (!PyTuple_CheckExact(meta) || PyTuple_GET_SIZE(meta) != 4) return 0;
+    if (!Py_IS_TYPE(meta, (PyTypeObject*)cfg.meta_type)) return 0;
     PyObject* dtype = PyTuple_GET_ITEM(meta, 3);
-    if (!Py_IS_TYPE(dtype, (PyTypeObject*)cfg.dtype_type)) return 0;
     *dtype_name = PyDict_GetItemWithError(cfg.dtype_names, dtype);
     if (*dtype_name != nullptr) return 1;
     if (!PyErr_Occurred()) Py_XDECREF(PyObject_CallOneArg(cfg.dtype_name, dtype));  // its error
@@ -491,12 +490,12 @@ PyObject* interned_names(std::initializer_list<const char*> names) {
 }  // namespace
 
 PyObject* make_tensor(PyObject* view, PyObject* meta, PyObject* device) {
-    if (cfg.tensor_type == nullptr) {
+    if (cfg.tensor_type == nullptr || cfg.meta_type == nullptr) {
         PyErr_SetString(PyExc_RuntimeError, "lazy_torch._native: configure() was not called");
         return nullptr;
     }
-    if (!PyTuple_Check(meta) || PyTuple_GET_SIZE(meta) != 4) {
-        PyErr_SetString(PyExc_TypeError, "a Meta is (shape, stride, storage offset, dtype)");
+    if (!Py_IS_TYPE(meta, (PyTypeObject*)cfg.meta_type)) {
+        PyErr_Format(PyExc_TypeError, "a lazy tensor's metadata is a Meta, not %R", meta);
         return nullptr;
     }
     Py_ssize_t index = PyLong_Check(device) ? PyLong_AsSsize_t(device) : -1;
