@@ -281,8 +281,12 @@ def wait_device_ops() -> None:
     """Block until every dispatched execution has finished and has been timed (and raise what it
     reported)."""
     _launcher.drain()
-    jax.block_until_ready([resolve(o) for o in _in_flight if not failed(o)])
-    _in_flight.clear()
+    in_flight = [resolve(o) for o in _in_flight if not failed(o)]
+    _in_flight.clear()  # a failure below is raised once, not at every later wait
+    try:
+        jax.block_until_ready(in_flight)
+    except Exception as e:  # a GPU reports a kernel's failure here, after the launch returned
+        raise GraphError(f"running a graph failed: {type(e).__name__}: {e}") from e
     TIMER.drain()
     check_errors()
 

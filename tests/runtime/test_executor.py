@@ -113,6 +113,10 @@ def test_a_failed_execution_raises_graph_error_and_leaves_values_intact(monkeypa
     assert y.tolist() == [3.0, 6.0]
 
 
+@pytest.mark.skipif(
+    runtime.device(0).platform != "cpu",
+    reason="on a GPU the failure surfaces after the barrier returned (as in the test above)",
+)
 @pytest.mark.xfail(
     strict=True,
     reason="a failed execution at mark_step has consumed its donated input buffers, so the "
