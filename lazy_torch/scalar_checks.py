@@ -1,7 +1,7 @@
 """Eager's checks of the numbers given to an op, made at every call of the ops that have one.
 
 Shape inference is memoized per signature, which holds a Python number's type and not its value,
-and the C fast path records a call of a known signature without Python: an error eager raises for
+and the C dispatch records a call of a known signature without Python: an error eager raises for
 a number's value (``int_tensor ** -1``, ``int_tensor // 0``, ``uint8_tensor.fill_(300)``,
 ``x.uniform_(2, 1)``) would come from a signature's first call at most. Each op that has such a
 check has an entry in ``CHECKS``: the arguments it reads and ``suspect``, a cheap test of their
@@ -9,8 +9,8 @@ values that holds wherever eager may refuse them. Where it holds, eager runs the
 of the lazy tensors with the call's own numbers, and its error is raised at the user's line; values
 eager accepts are remembered (with the call's layouts, exactly), so a loop pays one such run.
 
-``install`` runs each check before its op's handler on the Python path, and gives it to the op's
-record plan in C, which calls it only when a number (or a CPU scalar) fills an argument it reads:
+``dispatch.check_values(CHECKS.values())`` runs each check before its op's handler, and gives it
+to the C dispatch, which calls it only when a number (or a CPU scalar) fills an argument it reads:
 ``add`` without ``alpha`` pays nothing, and ops without a check pay nothing at all. In-place and
 out= forms reach the check through their functional op; foreach ops through their element op.
 """

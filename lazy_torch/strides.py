@@ -8,7 +8,7 @@ empty tensor, ``index`` of overlapping windows, batch norm of a permuted input, 
 observable (``stride()``, ``view``, ``as_strided``), so on a memo miss the op also runs in eager
 CPU PyTorch on stand-ins with the lazy tensors' exact sizes, strides and offsets (zeros), and each
 output takes eager's strides and offset where its shape and dtype agree with the meta kernel's.
-The memo then holds eager's layout: memo hits, and the C fast path that reads the same memo, pay
+The memo then holds eager's layout: memo hits, and the C dispatch that reads the same memo, pay
 nothing.
 
 Calls too large to replay at full size are replayed on stand-ins with fewer elements per dim

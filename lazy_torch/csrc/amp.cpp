@@ -134,7 +134,7 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
         return nullptr;
     }
     if (cfg.tensor_type == nullptr) {
-        PyErr_SetString(PyExc_RuntimeError, "configure() the fast path first");
+        PyErr_SetString(PyExc_RuntimeError, "lazy_torch._native: configure() was not called");
         return nullptr;
     }
     CastKernel* self = (CastKernel*)type->tp_alloc(type, 0);
