@@ -1,5 +1,6 @@
-// Type-exact 128-bit digests of IR values (lazy_core/digest.py documents the serialization): what node, graph and memo keys are made of, so that values Python's hash()
-// and == conflate (-1 and -2, 8 and 8.0, True and 1, 0.0 and -0.0) never share a key.
+// Type-exact 128-bit digests of IR values (lazy_core/digest.py documents the serialization):
+// what node, graph and memo keys are made of, so that values Python's hash() and == conflate
+// (-1 and -2, 8 and 8.0, True and 1, 0.0 and -0.0) never share a key.
 #include "native.h"
 
 #include <cstring>

@@ -22,7 +22,9 @@ namespace lazy_native {
 extern const CoreApi* core;
 inline PyTypeObject* node_type() { return core->node_type; }
 inline bool is_node(PyObject* v) { return Py_IS_TYPE(v, core->node_type); }
-inline PyObject* new_node(PyObject* const* argv) { return core->node_new(core->node_type, argv, 5, nullptr); }
+inline PyObject* new_node(PyObject* const* argv) {  // Node(op, src, arg, dtype, shape)
+    return core->node_new(core->node_type, argv, 5, nullptr);
+}
 inline bool absorb(Hasher& h, PyObject* v) { return core->absorb(h, v); }
 inline PyObject* digest_int(const Digest& d) { return core->digest_int(d); }
 
