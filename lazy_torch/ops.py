@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+import runtime
 from lazy_torch import eager_checks, indexing, rng, sites  # noqa: F401 (indexing registers its handlers)
 from lazy_torch.dispatch import dispatch, recorded, special
 from lazy_torch.recording import RECORD, SHARE, record
@@ -20,7 +21,14 @@ aten = torch.ops.aten
 _lib = torch.library.Library("aten", "IMPL")
 
 
+def _device_exists(device: Any) -> None:
+    """A factory's device must exist: the error for ``lazy:N`` past the last device comes at the
+    call, not at the barrier that would compute it."""
+    runtime.device(_lazy_index(device) or 0)
+
+
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _device_exists(device)
     kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
     if memory_format is not None:
         kwargs["memory_format"] = memory_format
@@ -28,6 +36,7 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    _device_exists(device)
     kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
     return record(aten.empty_strided.default, (tuple(size), tuple(stride)), kwargs)
 
@@ -46,6 +55,7 @@ _lib.impl("empty_strided", _empty_strided, "Lazy")
 
 def _factory(func):
     def kernel(*args, **kwargs):
+        _device_exists(kwargs.get("device"))
         if sites.recording:
             return sites.call_attributed(record, func, args, kwargs)
         return record(func, args, kwargs)

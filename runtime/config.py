@@ -12,6 +12,9 @@ def _flag(name: str, default: bool | None = False) -> bool | None:
 
 # PJRT platform: cpu, gpu (cuda/rocm) or tpu; empty means JAX's default backend.
 PLATFORM: str = os.environ.get("LAZY_PLATFORM", "").strip().lower()
+# How many devices the CPU platform has (lazy:0 .. lazy:N-1), set in JAX before its first use of a
+# device; 0 keeps JAX's count (one, or XLA_FLAGS=--xla_force_host_platform_device_count=N).
+CPU_DEVICES: int = max(0, int(os.environ.get("LAZY_CPU_DEVICES", "0").strip() or 0))
 # One stderr line per compile and execution, with its cause.
 DEBUG: bool = _flag("LAZY_DEBUG")
 # Directory that receives every newly compiled graph: IR text and StableHLO, named by its hash.

@@ -37,6 +37,14 @@ def in_x64(fn: Callable) -> Callable:
 @cache
 def devices() -> tuple[Any, ...]:
     """The JAX devices of the configured platform; ``lazy:N`` is the N-th."""
+    if config.CPU_DEVICES:
+        try:
+            jax.config.update("jax_num_cpu_devices", config.CPU_DEVICES)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"LAZY_CPU_DEVICES={config.CPU_DEVICES} must take effect before JAX first uses a "
+                f"device, but this process's JAX had started its devices already: {e}"
+            ) from None
     return tuple(jax.devices(config.PLATFORM) if config.PLATFORM else jax.devices())
 
 
