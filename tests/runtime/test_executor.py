@@ -83,9 +83,14 @@ def test_failed_compile_leaves_values_intact(monkeypatch):
 def failing_mul(monkeypatch):
     """aten.mul.Tensor lowered to a program that compiles and then fails when it runs (its
     callback raises). JAX logs the callback's error with a traceback whose frames hold the
-    barrier's storages; a captured log record would keep a lost value alive into later tests."""
-    monkeypatch.setattr(logging.getLogger("jax._src.callback"), "disabled", True)
+    barrier's storages; a captured log record would keep a lost value alive into later tests,
+    so JAX's loggers (children of the public "jax" logger) log nothing meanwhile."""
+    jax_logger = logging.getLogger("jax")
+    level = jax_logger.level
+    jax_logger.setLevel(logging.CRITICAL + 1)
     monkeypatch.setitem(LOWERINGS, "aten.mul.Tensor", _failing_at_run_time)
+    yield
+    jax_logger.setLevel(level)
 
 
 def _failing_at_run_time(ctx, a, b):
