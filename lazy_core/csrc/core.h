@@ -99,6 +99,8 @@ struct CoreApi {
     bool (*absorb)(Hasher& h, PyObject* v);
     // A digest as a non-negative Python int below 2**128.
     PyObject* (*digest_int)(const Digest& d);
+    // Ready ``type`` and add it to ``module`` as ``name``.
+    bool (*add_type)(PyObject* module, PyTypeObject* type, const char* name);
 };
 
 constexpr const char* CORE_API_CAPSULE = "lazy_core._native.CORE_API";

@@ -169,13 +169,7 @@ bool add_autocast(PyObject* module) {
     CastKernelType.tp_dealloc = (destructor)kernel_dealloc;
     CastKernelType.tp_call = PyVectorcall_Call;
     CastKernelType.tp_vectorcall_offset = offsetof(CastKernel, vectorcall);
-    if (PyType_Ready(&CastKernelType) < 0) return false;
-    Py_INCREF(&CastKernelType);
-    if (PyModule_AddObject(module, "CastKernel", (PyObject*)&CastKernelType) < 0) {
-        Py_DECREF(&CastKernelType);
-        return false;
-    }
-    return true;
+    return core->add_type(module, &CastKernelType, "CastKernel");
 }
 
 }  // namespace lazy_native

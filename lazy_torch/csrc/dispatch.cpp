@@ -361,11 +361,7 @@ bool add_plans(PyObject* module) {
     PlanType.tp_dealloc = (destructor)plan_dealloc;
     PlanType.tp_repr = (reprfunc)plan_repr;
     PlanType.tp_members = plan_members;
-    if (PyType_Ready(&PlanType) < 0) return false;
-    if (PyModule_AddObject(module, "Plan", Py_NewRef((PyObject*)&PlanType)) < 0) {
-        Py_DECREF(&PlanType);
-        return false;
-    }
+    if (!core->add_type(module, &PlanType, "Plan")) return false;
     Ref numbers(Py_BuildValue("{OOOOOOOO}", &PyBool_Type, scalar_dtypes[0], &PyLong_Type,
                               scalar_dtypes[1], &PyFloat_Type, scalar_dtypes[2], &PyComplex_Type,
                               scalar_dtypes[3]));

@@ -169,10 +169,12 @@ PyObject* value_operands(Operands& ops, PyObject* values, PyObject* attrs, PyObj
         }
         if (!added) return nullptr;
     }
-    Py_ssize_t n = PyList_GET_SIZE(ops.srcs.p);
-    Ref markers(PyTuple_New(n));
+    // The markers of operands 0 to n - 1: a slice of the table (lazy_core.ir.operands), past it
+    // a tuple of new ones.
+    Py_ssize_t n = PyList_GET_SIZE(ops.srcs.p), table = PyTuple_GET_SIZE(cfg.operands);
+    Ref markers(n <= table ? PyTuple_GetSlice(cfg.operands, 0, n) : PyTuple_New(n));
     if (!markers) return nullptr;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; n > table && i < n; i++) {
         PyObject* m = marker(i);
         if (m == nullptr) return nullptr;
         PyTuple_SET_ITEM(markers.p, i, m);
