@@ -20,7 +20,6 @@ namespace lazy_native {
 
 // lazy_core._native's functions (set when the module initializes).
 extern const CoreApi* core;
-inline PyTypeObject* node_type() { return core->node_type; }
 inline bool is_node(PyObject* v) { return Py_IS_TYPE(v, core->node_type); }
 inline PyObject* new_node(PyObject* const* argv) {  // Node(op, src, arg, dtype, shape)
     return core->node_new(core->node_type, argv, 5, nullptr);
