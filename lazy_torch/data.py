@@ -12,7 +12,7 @@ import collections.abc
 import dataclasses
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -39,33 +39,44 @@ def _handed_over(ids: list[int]) -> None:
         prefetched.difference_update(ids)
 
 
-def to_device(batch: Any, device: torch.device | str | None = None) -> Any:
-    """``batch`` (tensors in any nesting of tuples, lists, dicts, dataclasses) on a lazy device.
+def to_device(
+    batch: Any,
+    device: torch.device | str | None = None,
+    mesh: Any = None,
+    partition_spec: Sequence[Any] | None = None,
+) -> Any:
+    """``batch`` (tensors in any nesting of tuples, lists, dicts, dataclasses) on a lazy device,
+    or laid out on ``mesh`` (lazy_torch.distributed.Mesh) as ``partition_spec``: each tensor by
+    the spec's first entries, one per dimension it has.
 
     Each CPU tensor becomes a lazy tensor holding its transferred buffer; nothing is recorded, so
     this is safe to run on a background thread while the main thread traces.
     """
     index = torch.device(device or "lazy").index or 0
-    return _move(batch, index)
+    if mesh is None:
+        return _move(batch, lambda x: upload(x, index))
+    spec = tuple(partition_spec or ())
+    return _move(batch, lambda x: upload(x, index, None, mesh.placement(x, spec[: x.dim()])))
 
 
-def _move(x: Any, index: int) -> Any:
+def _move(x: Any, upload: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(x, torch.Tensor):
         if x.device.type == "lazy":
             return x
         x = x.detach()
         if not x.is_contiguous():
             x = x.contiguous()
-        return upload(x, index)
+        return upload(x)
     if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
-        return type(x)(*(_move(v, index) for v in x))
+        return type(x)(*(_move(v, upload) for v in x))
     if isinstance(x, (list, tuple)):
-        return type(x)(_move(v, index) for v in x)
+        return type(x)(_move(v, upload) for v in x)
     if isinstance(x, collections.abc.Mapping):
-        return type(x)({k: _move(v, index) for k, v in x.items()})
+        return type(x)({k: _move(v, upload) for k, v in x.items()})
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return dataclasses.replace(
-            x, **{f.name: _move(getattr(x, f.name), index) for f in dataclasses.fields(x) if f.init}
+            x,
+            **{f.name: _move(getattr(x, f.name), upload) for f in dataclasses.fields(x) if f.init},
         )
     return x
 
@@ -76,15 +87,26 @@ class DeviceLoader:
 
     A background thread pulls batches and starts their host-to-device transfers up to
     ``prefetch`` batches ahead, so loading and transfer overlap the training step. Errors raised
-    by the loader surface in the consuming loop.
+    by the loader surface in the consuming loop. With a ``mesh`` (lazy_torch.distributed.Mesh),
+    each batch goes straight to its devices laid out as ``partition_spec`` (``("data", None)``:
+    the batch dimension split over mesh axis "data"), each tensor by the spec's first entries.
     """
 
     def __init__(
-        self, loader: Iterable, device: torch.device | str | None = None, prefetch: int = 2
+        self,
+        loader: Iterable,
+        device: torch.device | str | None = None,
+        prefetch: int = 2,
+        *,
+        mesh: Any = None,
+        partition_spec: Sequence[Any] | None = None,
     ):
+        if (mesh is None) != (partition_spec is None):
+            raise ValueError("DeviceLoader takes a mesh and a partition_spec together")
         self.loader = loader
         self.device = device
         self.prefetch = max(1, int(prefetch))
+        self.mesh, self.partition_spec = mesh, partition_spec
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -106,7 +128,7 @@ class DeviceLoader:
             try:
                 for batch in self.loader:
                     with prefetching:
-                        moved = to_device(batch, self.device)
+                        moved = to_device(batch, self.device, self.mesh, self.partition_spec)
                         ids = _storage_ids(moved)
                         prefetched.update(ids)
                     if not put((moved, ids)):

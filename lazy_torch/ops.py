@@ -11,7 +11,7 @@ from lazy_torch import eager_checks, indexing, rng, sites  # noqa: F401 (indexin
 from lazy_torch.dispatch import dispatch, recorded, special
 from lazy_torch.recording import RECORD, SHARE, record
 from lazy_torch.resize import fill_outs, resize, resized_as_meta, resized_meta, window
-from lazy_torch.tensor import LazyTensor, from_cpu, to_cpu, upload, wrap
+from lazy_torch.tensor import LazyTensor, from_cpu, meta_of, to_cpu, upload, wrap
 from lazy_torch.variants import assign, assign_node
 
 aten = torch.ops.aten
@@ -111,7 +111,14 @@ def _copy_into(self: LazyTensor, src: torch.Tensor) -> LazyTensor:
         value = src.detach()
         if value.dtype != self.dtype:
             value = value.to(self.dtype)
-        storage = from_cpu(value if same_shape else value.expand(self.shape), self._lazy.device)
+        # A whole storage laid out on a mesh (load_state_dict into a sharded model) gets its new
+        # value in the same layout, straight from the host.
+        whole = self._lazy.storage if not self._lazy.steps else None
+        placement = None if whole is None else whole.placement
+        value = value if same_shape else value.expand(self.shape)
+        if placement is not None and self._meta != meta_of(value.contiguous()):
+            placement = None  # a strided view of the whole storage: laid out at the barrier
+        storage = from_cpu(value, self._lazy.device, placement)
         assign_node(self, storage.node)
         return self
     if src._lazy.device != self._lazy.device:

@@ -44,6 +44,16 @@ def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
 # pairs, and how many outputs each (shape, dtype) slot has.
 _donation_plans: dict[int, tuple[tuple, tuple]] = {}
 
+def _placements(group: list[Storage], graph: Graph) -> tuple | None:
+    """The layout on a mesh that each root's value must have: its storage's (lazy_torch.
+    distributed), so parameters and optimizer state keep theirs step after step; None for the
+    values a partial sync computes for other readers. None when no storage has one."""
+    found = [s.placement for s in group]
+    if not any(p is not None for p in found):
+        return None
+    return (*found, *(None,) * (len(graph.roots) - len(found)))
+
+
 _step = {"end": None, "synced": 0.0}  # when the last mark_step returned; sync time since
 # While lazy_torch.compile watches a call: its watcher, told of each sync (lazy_torch/capture.py).
 capture: Any = None
@@ -112,6 +122,8 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
         # another storage's value, XLA would copy the old value away first (and the new one in),
         # two kernels per parameter of an optimizer step.
         partners = buffer_partners(group, graph.params, donated, graph.roots) if donated else None
+        on_mesh = runtime.spmd.active()
+        placements = _placements(group, graph) if on_mesh else None
         outputs = runtime.run_graph(
             graph,
             device,
@@ -121,9 +133,13 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
             site=site,
             partners=partners,
             held=held,
+            placements=placements,
         )
         leaves = computed_leaves(graph.roots, outputs) if device in extra else None
         settle(group, graph.roots, outputs)
+        if on_mesh:  # each storage keeps the layout its value got, for its next update
+            for s, output in zip(group, outputs):
+                s.placement = runtime.spmd.output_placement(output)
         if leaves is not None:
             rebase(extra[device], leaves)
     runtime.raise_interrupt()  # a Ctrl-C during a launch's hand-over, now that nothing is lost

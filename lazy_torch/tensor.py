@@ -180,16 +180,23 @@ wrap = _native.wrap
 fresh = _native.fresh
 
 
-def from_cpu(t: torch.Tensor, device: int) -> Storage:
-    """Start a host-to-device copy of CPU tensor ``t``; the storage holds its logical value."""
+def from_cpu(t: torch.Tensor, device: int, placement: tuple | None = None) -> Storage:
+    """Start a host-to-device copy of CPU tensor ``t``; the storage holds its logical value,
+    laid out as ``placement`` over a mesh where one is given (runtime/spmd.py)."""
     name = dtype_name(t.dtype)
-    buffer = runtime.to_device(to_numpy(t), device, name)
-    return Storage(data_leaf(buffer, name, tuple(t.shape)), device)
+    sharding = None if placement is None else runtime.spmd.sharding_of(placement)
+    buffer = runtime.to_device(to_numpy(t), device, name, sharding)
+    storage = Storage(data_leaf(buffer, name, tuple(t.shape)), device)
+    storage.placement = placement
+    return storage
 
 
-def upload(t: torch.Tensor, device: int, meta: Meta | None = None) -> LazyTensor:
-    """A lazy tensor on ``device`` holding the value of CPU tensor ``t`` (nothing recorded)."""
-    return wrap(from_cpu(t, device), meta_of(t) if meta is None else meta)
+def upload(
+    t: torch.Tensor, device: int, meta: Meta | None = None, placement: tuple | None = None
+) -> LazyTensor:
+    """A lazy tensor on ``device`` holding the value of CPU tensor ``t`` (nothing recorded),
+    laid out as ``placement`` where one is given."""
+    return wrap(from_cpu(t, device, placement), meta_of(t) if meta is None else meta)
 
 
 def assign_cpu(t: LazyTensor, value: torch.Tensor) -> None:

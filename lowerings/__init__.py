@@ -27,6 +27,7 @@ from lowerings import (  # noqa: F401
     resampling,
     scatter,
     selection,
+    sharding,
     sorting,
     special,
     windows,

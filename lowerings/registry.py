@@ -158,7 +158,7 @@ _PRECISIONS = {
 class LoweringContext:
     """What a lowering may know about the node it lowers besides its operands."""
 
-    __slots__ = ("_scalar_ids", "dtypes", "platform", "precision", "rng_key", "shapes")
+    __slots__ = ("_scalar_ids", "dtypes", "mesh", "platform", "precision", "rng_key", "shapes")
 
     def __init__(
         self,
@@ -168,6 +168,7 @@ class LoweringContext:
         rng_key: Any = None,
         scalars: tuple[Any, ...] = (),
         platform: str = "cpu",
+        mesh: Any = None,
     ):
         # None marks an output the op does not produce (e.g. a False entry of an output_mask).
         self.shapes = tuple(None if s is None else tuple(s) for s in shapes)
@@ -178,13 +179,16 @@ class LoweringContext:
         # The platform the graph is lowered for (a graph's key names its device): "cpu", "tpu",
         # "cuda" or "rocm". Only a lowering with a kernel of one platform's own looks at it.
         self.platform = platform
+        # The graph's jax.sharding.Mesh where its values are laid out over several devices
+        # (runtime/spmd.py), else None.
+        self.mesh = mesh
 
     def output(self, i: int) -> LoweringContext:
         """The context of output ``i`` alone, for a node that lowers several ops (foreach)."""
         sub = LoweringContext.__new__(LoweringContext)
         sub.shapes, sub.dtypes = (self.shapes[i],), (self.dtypes[i],)
         sub.precision, sub.rng_key, sub._scalar_ids = self.precision, self.rng_key, self._scalar_ids
-        sub.platform = self.platform
+        sub.platform, sub.mesh = self.platform, self.mesh
         return sub
 
     @property

@@ -1,6 +1,6 @@
 """Runtime: cut graph -> StableHLO -> cached XLA executable; device buffers, transfers, metrics."""
 
-from runtime import config, metrics
+from runtime import config, metrics, spmd
 from runtime.device import device, devices, platform_of, to_device, to_host
 from runtime.executor import (
     GraphError,
@@ -35,6 +35,7 @@ __all__ = [
     "rng_state",
     "run_graph",
     "set_cache_dir",
+    "spmd",
     "stablehlo_text",
     "to_device",
     "to_host",

@@ -68,8 +68,11 @@ def platform_of(index: int = 0) -> str:
 
 
 @in_x64
-def to_device(array: np.ndarray, index: int, dtype: str | None = None) -> jax.Array:
-    """Start copying a host array to device ``index`` (asynchronous).
+def to_device(
+    array: np.ndarray, index: int, dtype: str | None = None, sharding: Any = None
+) -> jax.Array:
+    """Start copying a host array to device ``index`` (asynchronous), or laid out as
+    ``sharding`` over several devices (runtime/spmd.py's ``sharding_of``).
 
     ``dtype`` names the element type when the host array carries its bit pattern only (bfloat16
     travels as uint16 from frameworks without a numpy bfloat16).
@@ -80,7 +83,7 @@ def to_device(array: np.ndarray, index: int, dtype: str | None = None) -> jax.Ar
     # The host array usually shares a framework tensor's memory, which the caller may overwrite
     # as soon as this returns (a reused batch buffer). JAX may alias such an array on the CPU
     # platform (even with may_alias=False) or read it after returning, so it gets its own copy.
-    out = jax.device_put(np.array(array, copy=True), device(index))
+    out = jax.device_put(np.array(array, copy=True), sharding or device(index))
     metrics.count("transfers_to_device")
     metrics.time("transfer_to_device_time", time.perf_counter() - start)
     metrics.size("transfer_to_device_bytes", array.nbytes)

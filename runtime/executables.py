@@ -17,6 +17,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from lazy_core.dump import ir_text
 from lazy_core.graph import Graph, key_text
 from runtime import config, history, interpret, metrics
+from runtime import spmd as spmd_
 from runtime.device import device, in_x64, platform_of
 from runtime.program import ParamLayout, build_function
 
@@ -26,12 +27,18 @@ class GraphError(RuntimeError):
 
 
 class Executable:
-    __slots__ = ("compiled", "errors", "layout", "numbers", "restore")
+    __slots__ = ("compiled", "errors", "layout", "numbers", "restore", "spmd")
 
     def __init__(
-        self, compiled: Any, errors: list, layout: ParamLayout, order: tuple[int, ...] | None
+        self,
+        compiled: Any,
+        errors: list,
+        layout: ParamLayout,
+        order: tuple[int, ...] | None,
+        spmd: spmd_.Spmd | None = None,
     ):
         self.compiled = compiled
+        self.spmd = spmd  # how it runs on a mesh (runtime/spmd.py), or None
         self.errors = errors  # how to build the error of each runtime-check row (program.py)
         self.layout = layout  # the arguments of the graph's parameters
         # Per packed scalar argument: the bytes of its last value and, once a call passed the
@@ -89,16 +96,24 @@ def _layout(graph: Graph) -> ParamLayout:
 
 
 def _param_specs(
-    graph: Graph, layout: ParamLayout, device_index: int
+    graph: Graph, layout: ParamLayout, device_index: int, spmd: spmd_.Spmd | None = None
 ) -> list[jax.ShapeDtypeStruct]:
-    sharding = jax.sharding.SingleDeviceSharding(device(device_index))
+    """Each argument's shape, dtype and sharding: on the device, or on the graph's mesh (its
+    parameter's placement; numbers replicated)."""
+    single = jax.sharding.SingleDeviceSharding(device(device_index))
     params = graph.params
+    if spmd is None:
+        shardings = [single] * len(layout.data)
+        numbers = single
+    else:
+        shardings = [spmd_.sharding_of(spmd.params[i]) for i in layout.data]
+        numbers = spmd_.replicated(spmd.mesh)
     specs = [
-        jax.ShapeDtypeStruct(params[i].shape, jax.numpy.dtype(params[i].dtype), sharding=sharding)
-        for i in layout.data
+        jax.ShapeDtypeStruct(params[i].shape, jax.numpy.dtype(params[i].dtype), sharding=s)
+        for i, s in zip(layout.data, shardings)
     ]
     specs += [
-        jax.ShapeDtypeStruct((len(members),), jax.numpy.dtype(dtype), sharding=sharding)
+        jax.ShapeDtypeStruct((len(members),), jax.numpy.dtype(dtype), sharding=numbers)
         for dtype, members in layout.groups
     ]
     return specs
@@ -118,12 +133,19 @@ def _lower(
     donate: tuple[int, ...],
     order: tuple[int, ...] | None = None,
     spares: tuple = (),
+    spmd: spmd_.Spmd | None = None,
 ) -> tuple:
     outputs = graph.outputs()
     if order is not None:
         outputs = tuple(outputs[k] for k in order)
-    fn = build_function(plan, outputs, layout, platform_of(device_index))
-    specs = _param_specs(graph, layout, device_index)
+    platform = platform_of(device_index)
+    if spmd is None:
+        fn = build_function(plan, outputs, layout, platform)
+    else:
+        roots = spmd.roots if order is None else tuple(spmd.roots[k] for k in order)
+        shardings = tuple(None if p is None else spmd_.sharding_of(p) for p in roots)
+        fn = build_function(plan, outputs, layout, platform, spmd_.mesh_of(spmd.mesh), shardings)
+    specs = _param_specs(graph, layout, device_index, spmd)
     argnums = layout.arguments(donate)
     if spares:  # unused arguments after the parameters', donated (donation.py)
         n = len(specs)
@@ -145,13 +167,14 @@ def _compile(
     site: str,
     order: tuple[int, ...] | None = None,
     spares: tuple = (),
+    spmd: spmd_.Spmd | None = None,
 ) -> Executable:
     start = time.perf_counter()
     plan = graph.plan()
     layout = _layout(graph)
     lowered = None
     try:
-        lowered, errors = _lower(graph, plan, layout, device_index, donate, order, spares)
+        lowered, errors = _lower(graph, plan, layout, device_index, donate, order, spares, spmd)
         lowered_at = time.perf_counter()
         hits = _persistent_hits[0]
         compiled = lowered.compile()
@@ -172,7 +195,7 @@ def _compile(
     )  # fmt: skip
     _dump(graph, lowered, e.line())
     metrics.event(e)
-    return Executable(compiled, errors, layout, order)
+    return Executable(compiled, errors, layout, order, spmd)
 
 
 _dumped = [0]
@@ -194,7 +217,8 @@ def _dump(graph: Graph, lowered: Any, header: str) -> None:
 
 
 class ExecutableCache:
-    """Executables by ``(graph key, donated parameters, output order, spare buffers)``, least
+    """Executables by ``(graph key, donated parameters, output order, spare buffers, layout on a
+    mesh)``, least
     recently used first: at most ``config.EXECUTABLES``, and the older half shed when the process
     holds more than ``config.MAPPINGS`` memory mappings (their JIT code)."""
 
@@ -210,11 +234,19 @@ class ExecutableCache:
         return exe
 
     def compile(
-        self, key: tuple, graph: Graph, device_index: int, cause: str, site: str
+        self,
+        key: tuple,
+        graph: Graph,
+        device_index: int,
+        cause: str,
+        site: str,
+        spmd: spmd_.Spmd | None = None,
     ) -> Executable:
-        """Compile ``graph`` for ``key`` (its donation, order and spares) and keep it."""
-        _, donate, order, spares = key
-        exe = self._entries[key] = _compile(graph, device_index, donate, cause, site, order, spares)
+        """Compile ``graph`` for ``key`` (its donation, order, spares and ``spmd``'s key) and
+        keep it."""
+        _, donate, order, spares, _ = key
+        exe = _compile(graph, device_index, donate, cause, site, order, spares, spmd)
+        self._entries[key] = exe
         self._bound()
         return exe
 
@@ -245,6 +277,9 @@ class ExecutableCache:
             )
             out.append(sizes)
         return out
+
+    def texts(self) -> list[str]:
+        return [exe.compiled.as_text() for exe in self._entries.values()]
 
     def __len__(self) -> int:
         return len(self._entries)

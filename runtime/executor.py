@@ -15,6 +15,7 @@ import numpy as np
 
 from lazy_core.graph import Graph
 from runtime import checks, config, history, interpret, metrics
+from runtime import spmd as spmd_
 from runtime.checks import check_errors
 from runtime.device import device, in_x64, platform_of
 from runtime.donation import Donations
@@ -52,6 +53,7 @@ def run_graph(
     site: str = "<unknown>",
     partners: dict[int, int] | None = None,
     held: set[int] | None = None,
+    placements: tuple | None = None,
 ) -> tuple[jax.Array, ...]:
     """Run ``graph`` on device ``device_index``; returns its root buffers (``Deferred`` while
     an asynchronous launch is queued: ``resolve`` reads them).
@@ -63,34 +65,37 @@ def run_graph(
     buffers live storages hold: the outputs of the device's previous full barrier outside it go
     to this graph's outputs as spare buffers (donation.py; ``LAZY_RECYCLE``).
     ``cause`` and ``site`` (the user's ``file:line``) say what cut the graph, for metrics and
-    LAZY_DEBUG.
+    LAZY_DEBUG. ``placements`` (one per root, or None) are the layouts on a mesh that roots must
+    have (runtime/spmd.py): a graph on a mesh is compiled for its arguments' and outputs' layouts.
 
     A graph with runtime checks waits for them and raises eager's error (an out-of-range index,
     an integer division by zero) before returning, so the caller keeps every previous value; with
     ``defer_checks`` it returns without waiting and ``check_errors`` raises the error later.
     """
-    reused = _reused_constant(graph, cause, site) if not graph.params else None
+    spmd = spmd_.layout(graph, placements)
+    single = spmd is None
+    reused = _reused_constant(graph, cause, site) if not graph.params and single else None
     if reused is not None:
         return reused
-    recycles = held is not None and _recycles(device_index)
+    recycles = held is not None and single and _recycles(device_index)
     plan = _donations.plan(
         graph, device_index, donate, partners, held if recycles else None, _constant_buffers
     )
-    key = (graph.key, plan.donate, plan.order, plan.spares)
+    key = (graph.key, plan.donate, plan.order, plan.spares, None if single else spmd.key)
     exe = _cache.get(key)
-    if exe is None and _interprets(graph.key, site):
+    if exe is None and single and _interprets(graph.key, site):
         steps = interpret.Steps(graph, device_index)
         if steps.missing <= max(_FEW_NEW_OPS, len(steps.steps) // 8):
             return _interpreted(graph, steps, device_index, cause, site, defer_checks)
     hit = exe is not None
     if not hit:
-        exe = _cache.compile(key, graph, device_index, cause, site)
+        exe = _cache.compile(key, graph, device_index, cause, site, spmd)
         _site_graphs[site] = _site_graphs.get(site, 0) + 1
         if recycles:
             _donations.compiled(graph.key, plan)
-    values = [*_param_values(graph, exe, device_index), *plan.values]
+    values = [*_param_values(graph, exe, device_index, spmd), *plan.values]
     # Listeners (LAZY_DEBUG) get each execution's line, with its dispatch time, in order.
-    asynchronous = _threaded() and defer_checks and not metrics.listening()
+    asynchronous = _threaded() and defer_checks and single and not metrics.listening()
     launch, outputs = _launcher.submit(
         functools.partial(_execute, exe, values, graph), len(graph.roots) + 1
     )
@@ -105,7 +110,7 @@ def run_graph(
         checks.launched(launch)
     if exe.errors:
         checks.dispatched(rows, exe.errors, wait=not defer_checks)
-    elif not graph.params:
+    elif not graph.params and single:
         _keep_constant(graph.key, tuple(outputs))
     return tuple(outputs)
 
@@ -157,8 +162,11 @@ def _recycles(device_index: int) -> bool:
     return device(device_index).platform not in ("cpu", "tpu")
 
 
-def _param_values(graph: Graph, exe: Executable, device_index: int) -> list[Any]:
-    """The call's arguments: the buffer parameters, then an array per packed scalar dtype.
+def _param_values(
+    graph: Graph, exe: Executable, device_index: int, spmd: spmd_.Spmd | None
+) -> list[Any]:
+    """The call's arguments: the buffer parameters, then an array per packed scalar dtype. On a
+    mesh, one-device buffers are replicated on it, and the packed scalars too.
 
     A packed array the call passed last time too (a constant learning rate) is passed as its
     device copy, made once: a host array costs the call a transfer each time. One that changes
@@ -167,6 +175,8 @@ def _param_values(graph: Graph, exe: Executable, device_index: int) -> list[Any]
     params = graph.params
     layout = exe.layout
     values = [params[i].payload for i in layout.data]
+    if spmd is not None:
+        values = spmd_.arguments(spmd, graph, values)
     for g, (dtype, members) in enumerate(layout.groups):
         array = np.array([params[i].payload for i in members], dtype=jax.numpy.dtype(dtype))
         raw = array.tobytes()  # bytes: -0.0 and 0.0 differ, equal NaNs match
@@ -176,7 +186,8 @@ def _param_values(graph: Graph, exe: Executable, device_index: int) -> list[Any]
             values.append(array)
             continue
         if copy is None:
-            copy = jax.device_put(array, device(device_index))
+            where = device(device_index) if spmd is None else spmd_.replicated(spmd.mesh)
+            copy = jax.device_put(array, where)
             exe.numbers[g] = (raw, copy)
         values.append(copy)
     return values
@@ -296,6 +307,12 @@ def executable_memory() -> list[dict[str, int]]:
     return _cache.memory()
 
 
+def executable_texts() -> list[str]:
+    """The optimized HLO of every cached executable, least recently used first (what XLA made
+    of each graph: fusions, and on a mesh the collectives its partitioner inserted)."""
+    return _cache.texts()
+
+
 def cache_size() -> int:
     return len(_cache)
 
@@ -322,6 +339,7 @@ __all__ = [
     "check_errors",
     "drop_cache",
     "executable_memory",
+    "executable_texts",
     "lower",
     "reused_buffers",
     "run_graph",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -61,6 +62,7 @@ def _apply(
     scalar_ids: tuple,
     checks: list,
     platform: str,
+    mesh: Any,
 ) -> Any:
     fn = lowering_for(op, platform)
     if fn is None:
@@ -81,6 +83,7 @@ def _apply(
         rng_key=key,
         scalars=scalar_ids,
         platform=platform,
+        mesh=mesh,
     )
     out = fn(ctx, *args, **kwargs)
     if multi:
@@ -129,10 +132,17 @@ class ParamLayout:
 
 
 def build_function(
-    plan: tuple[tuple, ...], outputs: tuple[int, ...], layout: ParamLayout, platform: str
+    plan: tuple[tuple, ...],
+    outputs: tuple[int, ...],
+    layout: ParamLayout,
+    platform: str,
+    mesh: Any = None,
+    shardings: tuple = (),
 ) -> Callable[..., tuple]:
     """The JAX function computing ``outputs`` of ``plan`` from the arguments ``layout`` makes,
     for ``platform`` (``device.platform_of``: what a lowering with a platform's own kernel reads).
+    A graph over a ``mesh`` (runtime/spmd.py) constrains output ``k`` to ``shardings[k]`` where
+    that is not None.
 
     The function returns one more output, an int64 ``(checks, 2)`` array of ``[bad, index]``
     rows of its runtime checks (index bounds, integer division by zero; zero rows when it has
@@ -149,9 +159,14 @@ def build_function(
         scalars = tuple(numbers.values())
         checks: list = []
         params = [numbers[i] if i in numbers else args[slots[i][0]] for i in range(len(slots))]
-        env = _evaluate(plan, params, scalars, checks, platform)
+        env = _evaluate(plan, params, scalars, checks, platform, mesh)
         errors[:] = [error for _, error in checks]
         result = tuple(env[i] for i in outputs)
+        if shardings:
+            result = tuple(
+                r if s is None else jax.lax.with_sharding_constraint(r, s)
+                for r, s in zip(result, shardings)
+            )
         rows = jnp.stack([c for c, _ in checks]) if checks else jnp.zeros((0, 2), jnp.int64)
         return (*result, rows)
 
@@ -159,7 +174,9 @@ def build_function(
     return run
 
 
-def _evaluate(plan: tuple, params: list, scalars: tuple, checks: list, platform: str) -> list:
+def _evaluate(
+    plan: tuple, params: list, scalars: tuple, checks: list, platform: str, mesh: Any = None
+) -> list:
     """The value of every entry of ``plan``, its parameter ``i`` being ``params[i]``; a CALL
     entry evaluates its registered plan on its operands (inlined: one program)."""
     env: list[Any] = []
@@ -173,10 +190,10 @@ def _evaluate(plan: tuple, params: list, scalars: tuple, checks: list, platform:
             value = env[src[0]][arg]
         elif op == CALL:
             inner, outs = _calls[arg]
-            values = _evaluate(inner, [env[s] for s in src], scalars, checks, platform)
+            values = _evaluate(inner, [env[s] for s in src], scalars, checks, platform, mesh)
             value = tuple(values[i] for i in outs)
         else:
             operands = [env[s] for s in src]
-            value = _apply(op, arg, dtype, shape, operands, scalars, checks, platform)
+            value = _apply(op, arg, dtype, shape, operands, scalars, checks, platform, mesh)
         env.append(value)
     return env

@@ -1,6 +1,11 @@
-"""Shared fixtures: every test starts from zeroed metrics on the XLA CPU platform by default."""
+"""Shared fixtures: every test starts from zeroed metrics on the XLA CPU platform by default,
+which has 4 devices (tests/distributed lays values out over them; lazy:0 is the default)."""
+
+import os
 
 import pytest
+
+os.environ.setdefault("LAZY_CPU_DEVICES", "4")
 
 import lazy_torch
 import runtime.config

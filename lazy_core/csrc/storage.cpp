@@ -18,6 +18,7 @@ namespace lazy_native {
 struct StorageObject {
     PyObject_HEAD
     PyObject *node, *device, *views;  // views: None or a dict of view steps -> Access node
+    PyObject* placement;              // None, or the front end's layout of the value on devices
     void* buffer;                     // the device buffer the value last was (identity only)
     long long id;
     StorageObject *prev, *next;
@@ -73,6 +74,7 @@ PyObject* storage_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, 
     self->device = argv[1];
     Py_INCREF(Py_None);
     self->views = Py_None;
+    self->placement = Py_NewRef(Py_None);
     self->node = nullptr;
     self->buffer = nullptr;
     self->id = next_id++;
@@ -107,6 +109,7 @@ void storage_dealloc(StorageObject* self) {
     Py_XDECREF(self->node);
     Py_XDECREF(self->device);
     Py_XDECREF(self->views);
+    Py_XDECREF(self->placement);
     PyObject_Free(self);
 }
 
@@ -149,6 +152,20 @@ int set_views(StorageObject* self, PyObject* value, void*) {
     return 0;
 }
 
+PyObject* get_placement(StorageObject* self, void*) { return Py_NewRef(self->placement); }
+
+// A placement must not lead back to a storage: storages are outside the cycle collector. The
+// front end keeps plain tuples of ints, strings and None here.
+int set_placement(StorageObject* self, PyObject* value, void*) {
+    if (value == nullptr) value = Py_None;
+    if (value != Py_None && !PyTuple_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "Storage.placement is None or a tuple");
+        return -1;
+    }
+    Py_SETREF(self->placement, Py_NewRef(value));
+    return 0;
+}
+
 PyObject* get_buffer_id(StorageObject* self, void*) {
     if (self->buffer == nullptr) Py_RETURN_NONE;
     return PyLong_FromVoidPtr(self->buffer);  // what id() of the buffer is
@@ -175,6 +192,9 @@ PyGetSetDef storage_getset[] = {
     {"storage", (getter)get_self, nullptr, "The storage itself (a view with no steps).", nullptr},
     {"id", (getter)get_id, nullptr, "Creation number.", nullptr},
     {"device", (getter)get_device, nullptr, "The device index.", nullptr},
+    {"placement", (getter)get_placement, (setter)set_placement,
+     "None, or how the value is laid out over several devices (a tuple the front end reads).",
+     nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyMethodDef storage_methods[] = {

@@ -1,0 +1,15 @@
+"""Scale-out: SPMD sharding of lazy tensors over a mesh of devices (GSPMD, XLA's partitioner,
+inserts the collectives).
+
+>>> import torch, lazy_torch
+>>> from lazy_torch.distributed import Mesh, mark_sharding, get_sharding
+>>> mesh = Mesh(range(lazy_torch.device_count()), (lazy_torch.device_count(),), ("data",))
+>>> x = mark_sharding(torch.ones(8, 2, device="lazy"), mesh, ("data", None))
+>>> get_sharding(x)[1]
+('data', None)
+"""
+
+from lazy_torch.data import DeviceLoader
+from lazy_torch.distributed.spmd import Mesh, clear_sharding, fsdp, get_sharding, mark_sharding
+
+__all__ = ["DeviceLoader", "Mesh", "clear_sharding", "fsdp", "get_sharding", "mark_sharding"]

@@ -1,0 +1,199 @@
+"""Graphs over a mesh of devices: placements, the mesh a graph runs on, and its arguments.
+
+A placement says how one value is laid out over a mesh: ``(mesh key, spec)``. The mesh key is
+``(device ids, shape, axis names)``: JAX device ids in row-major mesh order, the mesh's shape and
+one name per mesh dimension. ``spec`` has one entry per dimension of the value: None (not split),
+an axis name, or a tuple of two or more axis names (split over their product, major first); a
+spec of Nones is the value replicated on every device of the mesh. Entries are ints, strs, None
+and tuples of them only, so two placements are equal exactly when they are the same layout (no
+1 == True or 8 == 8.0 between them), and executable keys hold them.
+
+A graph runs on a mesh when a buffer it reads is laid out on one, when one of its outputs must
+be (the placement of the storage it becomes), or when it constrains a value to one
+(``lazy.shard``, lowerings/sharding.py). It is compiled with its arguments' shardings and its
+outputs constrained to their storages' placements; GSPMD (XLA's SPMD partitioner) partitions the
+program and inserts the collectives. A buffer on one device that such a graph reads is replicated
+on the mesh first (once per buffer). All of one graph's placements name one mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from lazy_core.graph import Graph
+from lazy_core.ir import DATA
+from runtime.device import devices
+from runtime.launcher import resolve
+
+MeshKey = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]
+Placement = tuple[MeshKey, tuple[Any, ...]]
+
+SHARD = "lazy.shard"
+
+# Whether a mesh was ever made in this process: until then no graph runs on one, and barriers
+# skip looking at their buffers' layouts.
+_active = [False]
+
+
+def enable() -> None:
+    _active[0] = True
+
+
+def active() -> bool:
+    """Whether a mesh was made in this process (until then, no value is on one)."""
+    return _active[0]
+
+
+def output_placement(buffer: Any) -> Placement | None:
+    """The placement of a graph's output (None while its launch is queued: a graph on a mesh is
+    never launched asynchronously, so that is one on a single device)."""
+    return placement_of(buffer) if isinstance(buffer, jax.Array) else None
+
+
+class Spmd(NamedTuple):
+    """How one graph runs on a mesh: the mesh, each parameter's placement (None for a number),
+    each root's (None: as XLA's propagation lays it out), and the parameters whose buffers are
+    on one device and are replicated for the call."""
+
+    mesh: MeshKey
+    params: tuple[Placement | None, ...]
+    roots: tuple[Placement | None, ...]
+    moved: tuple[int, ...]
+
+    @property
+    def key(self) -> tuple:
+        return self.mesh, self.params, self.roots
+
+
+@functools.lru_cache(maxsize=64)
+def mesh_of(key: MeshKey) -> jax.sharding.Mesh:
+    """The JAX mesh of ``key`` over the platform's devices (every process's, when several)."""
+    ids, shape, names = key
+    by_id = {d.id: d for d in devices()}
+    return jax.sharding.Mesh(np.array([by_id[i] for i in ids], dtype=object).reshape(shape), names)
+
+
+@functools.lru_cache(maxsize=4096)
+def sharding_of(placement: Placement) -> jax.sharding.NamedSharding:
+    mesh, spec = placement
+    return jax.sharding.NamedSharding(mesh_of(mesh), jax.sharding.PartitionSpec(*spec))
+
+
+def replicated(mesh: MeshKey) -> jax.sharding.NamedSharding:
+    """Every device of ``mesh`` holding the whole value."""
+    return sharding_of((mesh, ()))
+
+
+def placement_of(buffer: Any) -> Placement | None:
+    """The placement of a device buffer; None for one on a single device."""
+    sharding = buffer.sharding
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return None
+    return _placement(sharding, buffer.ndim)
+
+
+@functools.lru_cache(maxsize=4096)
+def _placement(sharding: Any, ndim: int) -> Placement:
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        raise TypeError(f"a buffer laid out by a {type(sharding).__name__}, not on a mesh")
+    mesh = sharding.mesh
+    key = (
+        tuple(int(d.id) for d in mesh.devices.flat),
+        tuple(int(n) for n in mesh.devices.shape),
+        tuple(str(a) for a in mesh.axis_names),
+    )
+    spec = tuple(map(_entry, sharding.spec))
+    return key, spec + (None,) * (ndim - len(spec))
+
+
+def _entry(e: Any) -> Any:
+    if e is None or isinstance(e, str):
+        return e
+    names = tuple(str(a) for a in e)
+    return names[0] if len(names) == 1 else (names or None)
+
+
+def layout(graph: Graph, placements: tuple | None) -> Spmd | None:
+    """How ``graph`` runs on a mesh, given the placements its roots' storages keep (None each,
+    or all); None when it runs on its device alone."""
+    if not _active[0]:
+        return None
+    meshes = set(_constraint_meshes(graph))
+    params: list[Placement | None] = []
+    for p in graph.params:
+        found = placement_of(resolve(p.payload)) if p.op == DATA else None
+        if found is not None:
+            meshes.add(found[0])
+        params.append(found)
+    roots = placements or (None,) * len(graph.roots)
+    meshes.update(p[0] for p in roots if p is not None)
+    if not meshes:
+        return None
+    if len(meshes) > 1:
+        raise ValueError(
+            "one graph reads or writes tensors laid out on different meshes ("
+            + "; ".join(_describe(m) for m in sorted(meshes))
+            + "): lazy_torch.distributed.mark_sharding one of them onto the other's mesh"
+        )
+    mesh = meshes.pop()
+    moved = tuple(i for i, p in enumerate(graph.params) if p.op == DATA and params[i] is None)
+    for i in moved:
+        params[i] = (mesh, (None,) * len(graph.params[i].shape))
+    return Spmd(mesh, tuple(params), tuple(roots), moved)
+
+
+def _describe(mesh: MeshKey) -> str:
+    ids, shape, names = mesh
+    return f"devices {list(ids)} as {dict(zip(names, shape))}"
+
+
+def _constraint_meshes(graph: Graph) -> frozenset:
+    """The meshes ``graph``'s ``lazy.shard`` nodes name (per graph key: its nodes decide it)."""
+    found = _constraints.get(graph.key)
+    if found is None:
+        if len(_constraints) >= 1024:
+            _constraints.clear()
+        found = _constraints[graph.key] = frozenset(
+            n.arg[0][1][0] for n in graph.nodes if n.op == SHARD
+        )
+    return found
+
+
+_constraints: dict[int, frozenset] = {}
+
+
+def arguments(spmd: Spmd, graph: Graph, values: list) -> list:
+    """``values`` (the data parameters' buffers, in parameter order) with each one-device buffer
+    replaced by its replica on the mesh."""
+    moved = set(spmd.moved)
+    out, k = list(values), 0
+    for i, p in enumerate(graph.params):
+        if p.op != DATA:
+            continue
+        if i in moved:
+            out[k] = replica(resolve(out[k]), spmd.params[i])
+        k += 1
+    return out
+
+
+def replica(buffer: jax.Array, placement: Placement) -> jax.Array:
+    """``buffer`` laid out as ``placement``, copied once per buffer while it lives."""
+    key = (id(buffer), placement)
+    found = _replicas.get(key)
+    if found is None:
+        found = _replicas[key] = jax.device_put(buffer, sharding_of(placement))
+        weakref.finalize(buffer, _replicas.pop, key, None)
+    return found
+
+
+_replicas: dict[tuple, jax.Array] = {}
+
+
+def put(array: Any, placement: Placement) -> jax.Array:
+    """A host array or device buffer laid out as ``placement``."""
+    return jax.device_put(array, sharding_of(placement))
