@@ -28,7 +28,7 @@ import numpy as np
 from lazy_core.graph import Graph
 from lazy_core.ir import DATA
 from runtime.device import devices
-from runtime.launcher import resolve
+from runtime.launcher import Deferred, failed, resolve
 
 MeshKey = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]
 Placement = tuple[MeshKey, tuple[Any, ...]]
@@ -50,9 +50,13 @@ def active() -> bool:
 
 
 def output_placement(buffer: Any) -> Placement | None:
-    """The placement of a graph's output (None while its launch is queued: a graph on a mesh is
-    never launched asynchronously, so that is one on a single device)."""
-    return placement_of(buffer) if isinstance(buffer, jax.Array) else None
+    """The placement of a graph's output; None for one whose launch is still queued (a graph on
+    a mesh waits for its launch, so that is one on a single device) or failed."""
+    if type(buffer) is Deferred:
+        if not buffer.launch.done() or failed(buffer):
+            return None
+        buffer = resolve(buffer)
+    return placement_of(buffer)
 
 
 class Spmd(NamedTuple):

@@ -102,7 +102,12 @@ def test_data_parallel_training_equals_one_device_and_all_reduces_the_gradients(
     assert "all-reduce" in _collectives(steady)
 
 
-def test_fsdp_training_equals_one_device_with_parameters_and_optimizer_state_sharded():
+@pytest.mark.parametrize("launch_thread", [False, True], ids=["called", "launch-thread"])
+def test_fsdp_training_equals_one_device_with_parameters_and_optimizer_state_sharded(
+    launch_thread, monkeypatch
+):
+    # With a launch thread (the GPU's default) a step's outputs are Deferred until read.
+    monkeypatch.setattr(executor._launcher, "threaded", launch_thread)
     model, batches = _mlp(), _batches()
     one = _train(model, batches, _mse)
     mesh = Mesh(range(N), (N,), ("fsdp",))
@@ -114,11 +119,13 @@ def test_fsdp_training_equals_one_device_with_parameters_and_optimizer_state_sha
     for layouts in run[3]:
         assert [s[1] for s in layouts] == expected
     model_, opt = run[4], run[5]
+    # The storages keep their layouts (what the next step constrains their new values to).
+    assert [p._lazy.storage.placement[1] for p in model_.parameters()] == expected
     for p in model_.parameters():
         for name in ("exp_avg", "exp_avg_sq"):
             assert get_sharding(opt.state[p][name]) == get_sharding(p), name
     # Each device holds a quarter of a sharded weight.
-    weight = model_[0].weight._lazy.node.payload
+    weight = runtime.resolve(model_[0].weight._lazy.node.payload)
     assert {s.data.shape for s in weight.addressable_shards} == {(8, 16)}
     assert "all-gather" in _collectives(executor.executable_texts()[-1])
 
@@ -156,7 +163,7 @@ def test_views_in_place_updates_and_reads_keep_or_gather_the_layout():
     mesh = Mesh(range(N), (2, 2), ("a", "b"))
     cpu = torch.arange(32.0).reshape(8, 4)
     x = mark_sharding(cpu.to("lazy"), mesh, ("a", "b"))
-    payload = x._lazy.node.payload
+    payload = runtime.resolve(x._lazy.node.payload)
     assert {s.data.shape for s in payload.addressable_shards} == {(4, 2)}
     x[1:3].mul_(-1)  # a write through a view
     cpu[1:3].mul_(-1)
@@ -195,7 +202,7 @@ def test_load_state_dict_into_a_sharded_model_reshards_and_state_dict_gathers():
             p.mul_(3)
     model.load_state_dict(other.state_dict())
     assert get_sharding(model[0].weight) == (mesh, ("fsdp", None))
-    weight = model[0].weight._lazy.node.payload
+    weight = runtime.resolve(model[0].weight._lazy.node.payload)
     assert {s.data.shape for s in weight.addressable_shards} == {(8, 16)}
     for name, value in model.state_dict().items():
         assert torch.equal(value.cpu(), other.state_dict()[name]), name
