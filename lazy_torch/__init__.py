@@ -47,7 +47,10 @@ def device(index: int = 0) -> torch.device:
 
 
 def device_count() -> int:
-    return len(runtime.devices())
+    """Devices a mesh can span (lazy_torch.distributed): every device of the platform, in every
+    process of a multi-process run; ``lazy:N`` names this process's N-th
+    (``torch.lazy.device_count()`` counts those)."""
+    return len(runtime.global_devices())
 
 
 def set_cache_dir(path: str | None) -> None:

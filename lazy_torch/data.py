@@ -47,7 +47,8 @@ def to_device(
 ) -> Any:
     """``batch`` (tensors in any nesting of tuples, lists, dicts, dataclasses) on a lazy device,
     or laid out on ``mesh`` (lazy_torch.distributed.Mesh) as ``partition_spec``: each tensor by
-    the spec's first entries, one per dimension it has.
+    the spec's first entries, one per dimension it has. In a multi-process run each process
+    gives its own part (its batch), and the lazy tensor is all processes' parts.
 
     Each CPU tensor becomes a lazy tensor holding its transferred buffer; nothing is recorded, so
     this is safe to run on a background thread while the main thread traces.
@@ -56,7 +57,9 @@ def to_device(
     if mesh is None:
         return _move(batch, lambda x: upload(x, index))
     spec = tuple(partition_spec or ())
-    return _move(batch, lambda x: upload(x, index, None, mesh.placement(x, spec[: x.dim()])))
+    return _move(
+        batch, lambda x: upload(x, index, None, mesh.placement(x, spec[: x.dim()]), parts=True)
+    )
 
 
 def _move(x: Any, upload: Callable[[torch.Tensor], torch.Tensor]) -> Any:

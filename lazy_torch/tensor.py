@@ -180,23 +180,34 @@ wrap = _native.wrap
 fresh = _native.fresh
 
 
-def from_cpu(t: torch.Tensor, device: int, placement: tuple | None = None) -> Storage:
+def from_cpu(
+    t: torch.Tensor, device: int, placement: tuple | None = None, parts: bool = False
+) -> Storage:
     """Start a host-to-device copy of CPU tensor ``t``; the storage holds its logical value,
-    laid out as ``placement`` over a mesh where one is given (runtime/spmd.py)."""
+    laid out as ``placement`` over a mesh where one is given (runtime/spmd.py). With ``parts``,
+    ``t`` is this process's part of a value split over several processes' devices."""
     name = dtype_name(t.dtype)
     sharding = None if placement is None else runtime.spmd.sharding_of(placement)
-    buffer = runtime.to_device(to_numpy(t), device, name, sharding)
-    storage = Storage(data_leaf(buffer, name, tuple(t.shape)), device)
+    buffer = runtime.to_device(to_numpy(t), device, name, sharding, parts)
+    storage = Storage(data_leaf(buffer, name, tuple(buffer.shape)), device)
     storage.placement = placement
     return storage
 
 
 def upload(
-    t: torch.Tensor, device: int, meta: Meta | None = None, placement: tuple | None = None
+    t: torch.Tensor,
+    device: int,
+    meta: Meta | None = None,
+    placement: tuple | None = None,
+    parts: bool = False,
 ) -> LazyTensor:
     """A lazy tensor on ``device`` holding the value of CPU tensor ``t`` (nothing recorded),
-    laid out as ``placement`` where one is given."""
-    return wrap(from_cpu(t, device, placement), meta_of(t) if meta is None else meta)
+    laid out as ``placement`` where one is given; with ``parts``, ``t`` is this process's part
+    of it (``from_cpu``)."""
+    storage = from_cpu(t, device, placement, parts)
+    if parts:
+        meta = dense_meta(tuple(storage.node.shape), t.dtype)
+    return wrap(storage, meta_of(t) if meta is None else meta)
 
 
 def assign_cpu(t: LazyTensor, value: torch.Tensor) -> None:

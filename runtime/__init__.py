@@ -1,7 +1,7 @@
 """Runtime: cut graph -> StableHLO -> cached XLA executable; device buffers, transfers, metrics."""
 
-from runtime import config, metrics, spmd
-from runtime.device import device, devices, platform_of, to_device, to_host
+from runtime import config, metrics, processes, spmd
+from runtime.device import device, devices, global_devices, platform_of, to_device, to_host
 from runtime.executor import (
     GraphError,
     check_errors,
@@ -24,10 +24,12 @@ __all__ = [
     "device",
     "devices",
     "executable_memory",
+    "global_devices",
     "has_lowering",
     "metrics",
     "op_category",
     "platform_of",
+    "processes",
     "raise_interrupt",
     "register_call",
     "resolve",

@@ -76,3 +76,7 @@ MAPPINGS: int = int(os.environ.get("LAZY_MAPPINGS", "").strip() or _map_limit() 
 # executables shared by every graph instead of being compiled whole; a graph that comes back is
 # then compiled. 0 turns it off.
 INTERPRET_AFTER: int = max(0, int(os.environ.get("LAZY_INTERPRET_AFTER", "4").strip() or 4))
+
+# Multi-process runs (runtime/processes.py): seconds a process waits for the others to join, and
+# to reach the same execution over several processes' devices, before it raises.
+DISTRIBUTED_TIMEOUT: float = float(os.environ.get("LAZY_DISTRIBUTED_TIMEOUT", "").strip() or 300)

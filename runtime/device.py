@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from runtime import config, metrics
 from runtime.launcher import resolve
@@ -35,8 +36,16 @@ def in_x64(fn: Callable) -> Callable:
 
 
 @cache
-def devices() -> tuple[Any, ...]:
-    """The JAX devices of the configured platform; ``lazy:N`` is the N-th."""
+def global_devices() -> tuple[Any, ...]:
+    """Every device of the configured platform, in every process of a multi-process run
+    (``lazy_torch.distributed.initialize``): what a mesh's device ids index."""
+    configure()
+    return tuple(jax.devices(config.PLATFORM) if config.PLATFORM else jax.devices())
+
+
+@cache
+def configure() -> None:
+    """Give JAX the settings that must precede its first use of a device (once)."""
     if config.CPU_DEVICES:
         try:
             jax.config.update("jax_num_cpu_devices", config.CPU_DEVICES)
@@ -45,7 +54,14 @@ def devices() -> tuple[Any, ...]:
                 f"LAZY_CPU_DEVICES={config.CPU_DEVICES} must take effect before JAX first uses a "
                 f"device, but this process's JAX had started its devices already: {e}"
             ) from None
-    return tuple(jax.devices(config.PLATFORM) if config.PLATFORM else jax.devices())
+
+
+@cache
+def devices() -> tuple[Any, ...]:
+    """This process's devices of the configured platform; ``lazy:N`` is the N-th."""
+    everything = global_devices()
+    here = jax.process_index()
+    return tuple(d for d in everything if d.process_index == here)
 
 
 def device(index: int = 0) -> Any:
@@ -69,10 +85,16 @@ def platform_of(index: int = 0) -> str:
 
 @in_x64
 def to_device(
-    array: np.ndarray, index: int, dtype: str | None = None, sharding: Any = None
+    array: np.ndarray,
+    index: int,
+    dtype: str | None = None,
+    sharding: Any = None,
+    parts: bool = False,
 ) -> jax.Array:
     """Start copying a host array to device ``index`` (asynchronous), or laid out as
-    ``sharding`` over several devices (runtime/spmd.py's ``sharding_of``).
+    ``sharding`` over several devices (runtime/spmd.py's ``sharding_of``). Over other processes'
+    devices too, ``array`` is the whole value (every process gives it), or with ``parts`` this
+    process's part of it (its batch of a data-parallel step): the value is all processes' parts.
 
     ``dtype`` names the element type when the host array carries its bit pattern only (bfloat16
     travels as uint16 from frameworks without a numpy bfloat16).
@@ -83,7 +105,13 @@ def to_device(
     # The host array usually shares a framework tensor's memory, which the caller may overwrite
     # as soon as this returns (a reused batch buffer). JAX may alias such an array on the CPU
     # platform (even with may_alias=False) or read it after returning, so it gets its own copy.
-    out = jax.device_put(np.array(array, copy=True), sharding or device(index))
+    copy = np.array(array, copy=True)
+    if sharding is None or sharding.is_fully_addressable:
+        out = jax.device_put(copy, sharding or device(index))
+    elif parts:
+        out = jax.make_array_from_process_local_data(sharding, copy)
+    else:
+        out = jax.make_array_from_callback(copy.shape, sharding, lambda where: copy[where])
     metrics.count("transfers_to_device")
     metrics.time("transfer_to_device_time", time.perf_counter() - start)
     metrics.size("transfer_to_device_bytes", array.nbytes)
@@ -92,9 +120,14 @@ def to_device(
 
 def to_host(buffer: Any) -> np.ndarray:
     """Wait for ``buffer`` (a device array, or a launch's ``Deferred`` output) and copy it to the
-    host (timed with the wait)."""
+    host (timed with the wait). A value split over devices of several processes is gathered
+    from all of them: every process reads it at the same point of the program."""
     start = time.perf_counter()
-    out = np.asarray(resolve(buffer))
+    buffer = resolve(buffer)
+    if not buffer.is_fully_addressable and not buffer.is_fully_replicated:
+        out = np.asarray(multihost_utils.process_allgather(buffer, tiled=True))
+    else:
+        out = np.asarray(buffer)
     metrics.count("transfers_from_device")
     metrics.time("transfer_from_device_time", time.perf_counter() - start)
     metrics.size("transfer_from_device_bytes", out.nbytes)

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from lazy_core.graph import Graph
-from runtime import checks, config, history, interpret, metrics
+from runtime import checks, config, history, interpret, metrics, processes
 from runtime import spmd as spmd_
 from runtime.checks import check_errors
 from runtime.device import device, in_x64, platform_of
@@ -74,6 +74,8 @@ def run_graph(
     """
     spmd = spmd_.layout(graph, placements)
     single = spmd is None
+    if not single and processes.spans_processes(spmd.mesh[0]):
+        processes.agree(graph, spmd.key)  # or raise: never a collective that waits forever
     reused = _reused_constant(graph, cause, site) if not graph.params and single else None
     if reused is not None:
         return reused

@@ -27,7 +27,7 @@ import numpy as np
 
 from lazy_core.graph import Graph
 from lazy_core.ir import DATA
-from runtime.device import devices
+from runtime.device import global_devices
 from runtime.launcher import Deferred, failed, resolve
 
 MeshKey = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]
@@ -78,7 +78,7 @@ class Spmd(NamedTuple):
 def mesh_of(key: MeshKey) -> jax.sharding.Mesh:
     """The JAX mesh of ``key`` over the platform's devices (every process's, when several)."""
     ids, shape, names = key
-    by_id = {d.id: d for d in devices()}
+    by_id = {d.id: d for d in global_devices()}
     return jax.sharding.Mesh(np.array([by_id[i] for i in ids], dtype=object).reshape(shape), names)
 
 
@@ -190,7 +190,7 @@ def replica(buffer: jax.Array, placement: Placement) -> jax.Array:
     key = (id(buffer), placement)
     found = _replicas.get(key)
     if found is None:
-        found = _replicas[key] = jax.device_put(buffer, sharding_of(placement))
+        found = _replicas[key] = put(buffer, placement)
         weakref.finalize(buffer, _replicas.pop, key, None)
     return found
 
@@ -198,6 +198,19 @@ def replica(buffer: jax.Array, placement: Placement) -> jax.Array:
 _replicas: dict[tuple, jax.Array] = {}
 
 
-def put(array: Any, placement: Placement) -> jax.Array:
-    """A host array or device buffer laid out as ``placement``."""
-    return jax.device_put(array, sharding_of(placement))
+def put(value: Any, placement: Placement) -> jax.Array:
+    """A host array or device buffer laid out as ``placement``. On a mesh with other processes'
+    devices, each process gives the whole value (every process runs the same program) and keeps
+    the parts on its own devices."""
+    sharding = sharding_of(placement)
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        return _reshard(sharding)(value)  # from one layout over processes to another
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+@functools.lru_cache(maxsize=256)
+def _reshard(sharding: jax.sharding.NamedSharding) -> Any:
+    return jax.jit(lambda x: x, out_shardings=sharding)

@@ -27,8 +27,9 @@ SHARD = runtime.spmd.SHARD
 
 
 class Mesh:
-    """A logical grid of lazy devices: ``device_ids`` (lazy device indices, in row-major grid
-    order) arranged as ``mesh_shape``, one name per grid dimension.
+    """A logical grid of devices: ``device_ids`` (indices below ``lazy_torch.device_count()``,
+    every process's devices in a multi-process run; in one process, lazy device indices), in
+    row-major grid order, arranged as ``mesh_shape``, one name per grid dimension.
 
     >>> mesh = Mesh(range(1), (1,), ("data",))
     >>> mesh.shape()
@@ -52,11 +53,11 @@ class Mesh:
             )
         if len(set(ids)) != len(ids):
             raise ValueError(f"a mesh names each device once: {list(ids)}")
-        devices = runtime.devices()
+        devices = runtime.global_devices()
         for i in ids:
             if not 0 <= i < len(devices):
                 raise ValueError(
-                    f"the mesh needs lazy device {i}, but there are {len(devices)} "
+                    f"the mesh needs device {i}, but there are {len(devices)} "
                     f"(lazy_torch.device_count())"
                 )
         if len(names) != len(shape) or not all(type(n) is str for n in names):

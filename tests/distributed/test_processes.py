@@ -1,0 +1,87 @@
+"""Two processes on 127.0.0.1 (each with 2 CPU devices; an ephemeral port; bounded by a timeout):
+initialize() from torchrun's environment, a data-parallel step over both processes' devices equal
+to one process, and a process that builds another graph gets an error, not a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import torch
+from torch import nn
+
+from tests.distributed import worker
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _free_port() -> int:
+    """Two free ports in a row: torch.distributed's store takes MASTER_PORT, JAX's coordinator
+    the next."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with socket.socket() as t:
+            try:
+                t.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no two free ports in a row")
+
+
+def _launch(scenario: str, world: int = 2, timeout: float = 120) -> list[dict]:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+    env.update(
+        LAZY_CPU_DEVICES="2", LAZY_PLATFORM="cpu", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port), WORLD_SIZE=str(world), LAZY_DISTRIBUTED_TIMEOUT="60",
+        PYTHONPATH=ROOT,
+    )  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.distributed.worker", scenario],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        for r in range(world)
+    ]
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            assert p.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            p.kill()
+    return sorted(results, key=lambda r: r["rank"])
+
+
+def test_data_parallel_over_two_processes_equals_one_process():
+    results = _launch("data_parallel")
+    model = worker._mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in worker._batches():
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    for r in results:
+        torch.testing.assert_close(r["losses"], losses, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.tensor(r["weight"]), model[0].weight.detach())
+        assert r["sharding"] == [None, None]
+
+
+def test_a_process_that_builds_another_graph_gets_an_error_not_a_hang():
+    results = _launch("mismatch")
+    for r in results:
+        assert r["error"] is not None, r
+        assert "built different graphs" in r["error"], r["error"]
+        assert "aten.mul" in r["error"] and "aten.add" in r["error"], r["error"]

@@ -1,0 +1,69 @@
+"""One process of a multi-process test (tests/distributed/test_processes.py): ``python -m
+tests.distributed.worker SCENARIO`` under torchrun's environment variables; prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from torch import nn
+
+import lazy_torch
+from lazy_torch.distributed import DeviceLoader, GraphMismatch, Mesh, get_sharding, initialize
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def _batches(steps: int = 5, batch: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(batch, 8, generator=g), torch.randn(batch, 4, generator=g))
+            for _ in range(steps)]  # fmt: skip
+
+
+def data_parallel(rank: int, world: int) -> dict:
+    """Each process loads its half of every batch; the mesh spans every process's devices."""
+    n = lazy_torch.device_count()
+    mesh = Mesh(range(n), (n,), ("data",))
+    model = _mlp().to("lazy")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    half = 8 // world
+    mine = [(x[rank * half:(rank + 1) * half], y[rank * half:(rank + 1) * half])
+            for x, y in _batches()]  # fmt: skip
+    losses = []
+    for x, y in DeviceLoader(mine, mesh=mesh, partition_spec=("data", None)):
+        assert tuple(x.shape) == (8, 8)  # all processes' parts
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lazy_torch.mark_step()
+        losses.append(loss.item())
+    return {
+        "losses": losses,
+        "weight": model[0].weight.cpu().tolist(),
+        "sharding": list(get_sharding(model[0].weight)[1]),
+    }
+
+
+def mismatch(rank: int, world: int) -> dict:
+    """Process 1 builds another graph: both raise GraphMismatch, neither hangs."""
+    n = lazy_torch.device_count()
+    mesh = Mesh(range(n), (n,), ("data",))
+    x = DeviceLoader([torch.ones(4, 2)], mesh=mesh, partition_spec=("data", None))
+    (x,) = list(x)
+    y = x * 2 if rank == 0 else x + 2
+    try:
+        lazy_torch.mark_step()
+    except GraphMismatch as e:
+        return {"error": str(e)}
+    return {"error": None, "value": y.cpu().tolist()}
+
+
+if __name__ == "__main__":
+    initialize()
+    rank, world = lazy_torch.distributed.process_index(), lazy_torch.distributed.process_count()
+    print(json.dumps({"rank": rank, **globals()[sys.argv[1]](rank, world)}), flush=True)
