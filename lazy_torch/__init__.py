@@ -20,6 +20,7 @@ from lazy_torch import (  # noqa: F401
     debug,
     device_module,
     dispatch,
+    distributed,  # registers torch.distributed's backend "lazy"
     dynamo,  # registers torch.compile's backend "lazy" (Dynamo is imported on first use)
     fused,
     meta_kernels,

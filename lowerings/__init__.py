@@ -9,6 +9,7 @@ switches it on for its own thread while it lowers, compiles, transfers and calls
 from lowerings.registry import LOWERINGS, LoweringContext, lowering
 from lowerings import (  # noqa: F401
     attention,
+    collectives,
     creation,
     decompositions,
     elementwise,

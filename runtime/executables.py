@@ -141,6 +141,16 @@ def _lower(
     platform = platform_of(device_index)
     if spmd is None:
         fn = build_function(plan, outputs, layout, platform)
+    elif spmd.manual:  # each process's device runs it on its own values (runtime/spmd.py)
+        mesh = spmd_.mesh_of(spmd.mesh)
+        fn = build_function(plan, outputs, layout, platform, mesh)
+        whole = jax.sharding.PartitionSpec()
+        n_args = len(layout.data) + len(layout.groups)
+        errors, fn = fn.errors, jax.shard_map(
+            fn, mesh=mesh, in_specs=(whole,) * n_args, out_specs=(whole,) * (len(outputs) + 1),
+            check_vma=False,
+        )  # fmt: skip
+        fn.errors = errors
     else:
         roots = spmd.roots if order is None else tuple(spmd.roots[k] for k in order)
         shardings = tuple(None if p is None else spmd_.sharding_of(p) for p in roots)

@@ -79,6 +79,8 @@ def run_graph(
     reused = _reused_constant(graph, cause, site) if not graph.params and single else None
     if reused is not None:
         return reused
+    if not single and spmd.manual:  # buffers of collectives are never donated (yet)
+        donate, partners = (), None
     recycles = held is not None and single and _recycles(device_index)
     plan = _donations.plan(
         graph, device_index, donate, partners, held if recycles else None, _constant_buffers
@@ -183,13 +185,15 @@ def _param_values(
         array = np.array([params[i].payload for i in members], dtype=jax.numpy.dtype(dtype))
         raw = array.tobytes()  # bytes: -0.0 and 0.0 differ, equal NaNs match
         last, copy = exe.numbers[g]
-        if raw != last:
+        if raw != last and spmd is None:
             exe.numbers[g] = (raw, None)
             values.append(array)
             continue
-        if copy is None:
-            where = device(device_index) if spmd is None else spmd_.replicated(spmd.mesh)
-            copy = jax.device_put(array, where)
+        if copy is None or raw != last:
+            if spmd is None:
+                copy = jax.device_put(array, device(device_index))
+            else:  # on a mesh (over other processes' devices too): its layout, made here
+                copy = spmd_.put(array, (spmd.mesh, (None,)))
             exe.numbers[g] = (raw, copy)
         values.append(copy)
     return values
@@ -258,6 +262,9 @@ def _execute(exe: Executable, values: list, graph: Graph) -> tuple:
     dispatched = time.perf_counter()
     if exe.restore is not None:
         outputs = exe.restore(outputs)
+    if exe.spmd is not None and exe.spmd.manual:  # this process's values, on its device
+        outputs = [o.addressable_data(0) for o in outputs]
+        rows = rows.addressable_data(0)
     metrics.time("dispatch_time", dispatched - start)
     TIMER.watch(start, rows)
     if exe.errors:

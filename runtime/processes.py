@@ -54,6 +54,11 @@ def initialize(
     )
 
 
+def joined() -> bool:
+    """Whether this process has joined a multi-process run (without starting JAX's devices)."""
+    return _distributed.global_state.client is not None
+
+
 def process_index() -> int:
     return jax.process_index()
 
@@ -69,6 +74,29 @@ def spans_processes(device_ids: tuple[int, ...]) -> bool:
         return False
     by_id = {d.id: d.process_index for d in global_devices()}
     return len({by_id[i] for i in device_ids}) > 1
+
+
+@functools.lru_cache(maxsize=64)
+def group_mesh(index: int) -> tuple:
+    """The mesh key (runtime/spmd.py) of the process group of device ``lazy:index``: each
+    process's ``index``-th device, in process order, along axis "processes"."""
+    everything = global_devices()
+    ids = tuple(
+        sorted((d for d in everything if d.process_index == p), key=lambda d: d.id)[index].id
+        for p in range(jax.process_count())
+    )
+    return ids, (len(ids),), ("processes",)
+
+
+_barriers = itertools.count()
+
+
+def barrier() -> None:
+    """Wait until every process is here (or raise after ``config.DISTRIBUTED_TIMEOUT``)."""
+    if jax.process_count() > 1:
+        client = _distributed.global_state.client
+        timeout = int(config.DISTRIBUTED_TIMEOUT * 1e3)
+        client.wait_at_barrier(f"lazy/barrier/{next(_barriers)}", timeout)
 
 
 _executions = itertools.count()

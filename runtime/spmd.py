@@ -34,6 +34,11 @@ MeshKey = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]
 Placement = tuple[MeshKey, tuple[Any, ...]]
 
 SHARD = "lazy.shard"
+# Collectives between the processes of a torch.distributed group (lowerings/collectives.py):
+# their last argument is the group's mesh key.
+COLLECTIVES = frozenset(
+    ("lazy.all_reduce", "lazy.all_gather", "lazy.reduce_scatter", "lazy.broadcast")
+)
 
 # Whether a mesh was ever made in this process: until then no graph runs on one, and barriers
 # skip looking at their buffers' layouts.
@@ -62,16 +67,21 @@ def output_placement(buffer: Any) -> Placement | None:
 class Spmd(NamedTuple):
     """How one graph runs on a mesh: the mesh, each parameter's placement (None for a number),
     each root's (None: as XLA's propagation lays it out), and the parameters whose buffers are
-    on one device and are replicated for the call."""
+    on one device and are replicated for the call.
+
+    A ``manual`` graph holds collectives between processes: it runs on each process's device
+    of the group's mesh with that process's own values (``jax.shard_map``), every buffer it
+    reads and writes being one process's, on one device."""
 
     mesh: MeshKey
     params: tuple[Placement | None, ...]
     roots: tuple[Placement | None, ...]
     moved: tuple[int, ...]
+    manual: bool = False
 
     @property
     def key(self) -> tuple:
-        return self.mesh, self.params, self.roots
+        return self.mesh, self.params, self.roots, self.manual
 
 
 @functools.lru_cache(maxsize=64)
@@ -127,7 +137,8 @@ def layout(graph: Graph, placements: tuple | None) -> Spmd | None:
     or all); None when it runs on its device alone."""
     if not _active[0]:
         return None
-    meshes = set(_constraint_meshes(graph))
+    meshes, groups = _meshes_of(graph)
+    meshes = set(meshes)
     params: list[Placement | None] = []
     for p in graph.params:
         found = placement_of(resolve(p.payload)) if p.op == DATA else None
@@ -136,6 +147,17 @@ def layout(graph: Graph, placements: tuple | None) -> Spmd | None:
         params.append(found)
     roots = placements or (None,) * len(graph.roots)
     meshes.update(p[0] for p in roots if p is not None)
+    data = tuple(i for i, p in enumerate(graph.params) if p.op == DATA)
+    if groups:
+        if len(groups) > 1 or meshes:
+            raise ValueError(
+                "one graph holds collectives of two process groups, or collectives and values "
+                f"laid out on a mesh ({', '.join(map(_describe, sorted(groups | meshes)))}): "
+                "mark_step() between them"
+            )
+        (mesh,) = groups
+        whole = [(mesh, (None,) * len(p.shape)) if p.op == DATA else None for p in graph.params]
+        return Spmd(mesh, tuple(whole), (None,) * len(graph.roots), data, True)
     if not meshes:
         return None
     if len(meshes) > 1:
@@ -145,7 +167,7 @@ def layout(graph: Graph, placements: tuple | None) -> Spmd | None:
             + "): lazy_torch.distributed.mark_sharding one of them onto the other's mesh"
         )
     mesh = meshes.pop()
-    moved = tuple(i for i, p in enumerate(graph.params) if p.op == DATA and params[i] is None)
+    moved = tuple(i for i in data if params[i] is None)
     for i in moved:
         params[i] = (mesh, (None,) * len(graph.params[i].shape))
     return Spmd(mesh, tuple(params), tuple(roots), moved)
@@ -156,19 +178,24 @@ def _describe(mesh: MeshKey) -> str:
     return f"devices {list(ids)} as {dict(zip(names, shape))}"
 
 
-def _constraint_meshes(graph: Graph) -> frozenset:
-    """The meshes ``graph``'s ``lazy.shard`` nodes name (per graph key: its nodes decide it)."""
-    found = _constraints.get(graph.key)
+def _meshes_of(graph: Graph) -> tuple[frozenset, frozenset]:
+    """The meshes ``graph``'s ``lazy.shard`` nodes name, and the process groups' of its
+    collectives (per graph key: its nodes decide them)."""
+    found = _named.get(graph.key)
     if found is None:
-        if len(_constraints) >= 1024:
-            _constraints.clear()
-        found = _constraints[graph.key] = frozenset(
-            n.arg[0][1][0] for n in graph.nodes if n.op == SHARD
-        )
+        if len(_named) >= 1024:
+            _named.clear()
+        shards, groups = set(), set()
+        for n in graph.nodes:
+            if n.op == SHARD:
+                shards.add(n.arg[0][1][0])
+            elif n.op in COLLECTIVES:
+                groups.add(n.arg[0][-1])
+        found = _named[graph.key] = (frozenset(shards), frozenset(groups))
     return found
 
 
-_constraints: dict[int, frozenset] = {}
+_named: dict[int, tuple[frozenset, frozenset]] = {}
 
 
 def arguments(spmd: Spmd, graph: Graph, values: list) -> list:
@@ -179,7 +206,12 @@ def arguments(spmd: Spmd, graph: Graph, values: list) -> list:
     for i, p in enumerate(graph.params):
         if p.op != DATA:
             continue
-        if i in moved:
+        if spmd.manual:  # this process's value, as its device's part of the group's
+            buffer = resolve(out[k])
+            out[k] = jax.make_array_from_single_device_arrays(
+                buffer.shape, sharding_of(spmd.params[i]), [buffer]
+            )
+        elif i in moved:
             out[k] = replica(resolve(out[k]), spmd.params[i])
         k += 1
     return out

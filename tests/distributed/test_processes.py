@@ -1,6 +1,7 @@
 """Two processes on 127.0.0.1 (each with 2 CPU devices; an ephemeral port; bounded by a timeout):
 initialize() from torchrun's environment, a data-parallel step over both processes' devices equal
-to one process, and a process that builds another graph gets an error, not a hang."""
+to one process, torch.distributed's backend "lazy" (its collectives, and DistributedDataParallel
+equal to one process), and a process that builds another graph gets an error, not a hang."""
 
 from __future__ import annotations
 
@@ -85,3 +86,33 @@ def test_a_process_that_builds_another_graph_gets_an_error_not_a_hang():
         assert r["error"] is not None, r
         assert "built different graphs" in r["error"], r["error"]
         assert "aten.mul" in r["error"] and "aten.add" in r["error"], r["error"]
+
+
+def test_torch_distributed_collectives_on_lazy_tensors():
+    results = _launch("collectives")
+    for r in results:
+        assert r["all_reduce"] == [1.0, 3.0, 5.0, 7.0]  # (0..3) + (1..4)
+        assert r["all_gather"] == [0.0] * 4 + [1.0] * 4
+        # rank 0 sums (0, 1, 2, 3) * 1 and * 2 -> 0, 3, 6, 9: it keeps 0, 3; rank 1 6, 9
+        assert r["reduce_scatter"] == ([0.0, 3.0] if r["rank"] == 0 else [6.0, 9.0])
+        assert r["broadcast"] == [20.0] * 3
+        assert r["max"] == [1.0, 0.0]
+
+
+def test_distributed_data_parallel_over_two_processes_equals_one_process():
+    results = _launch("ddp")
+    model = worker._mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in worker._batches():
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    # Each process's loss is its half's; their mean is the whole batch's.
+    mean = [(a + b) / 2 for a, b in zip(results[0]["losses"], results[1]["losses"])]
+    torch.testing.assert_close(mean, losses, rtol=1e-5, atol=1e-6)
+    for r in results:
+        torch.testing.assert_close(torch.tensor(r["weight"]), model[0].weight.detach())
+        assert r["compiles"][3:] == [0, 0], r["compiles"]

@@ -7,6 +7,7 @@ import json
 import sys
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import lazy_torch
@@ -63,7 +64,51 @@ def mismatch(rank: int, world: int) -> dict:
     return {"error": None, "value": y.cpu().tolist()}
 
 
+def collectives(rank: int, world: int) -> dict:
+    """torch.distributed's collectives on lazy tensors, all in one step. Each process's values
+    come from the host: every process must record the same graph (a number 0 or 1 that differs
+    between them would be a constant of one process's graph only)."""
+    x = (torch.arange(4.0) + rank).to("lazy")
+    dist.all_reduce(x)
+    gathered = torch.empty(4 * world, device="lazy")
+    dist.all_gather_into_tensor(gathered, torch.full((4,), float(rank)).to("lazy"))
+    scattered = torch.empty(2, device="lazy")
+    dist.reduce_scatter_tensor(scattered, (torch.arange(2.0 * world) * (rank + 1)).to("lazy"))
+    b = torch.full((3,), 10.0 * (rank + 1)).to("lazy")
+    dist.broadcast(b, src=1)
+    m = torch.tensor([float(rank), -float(rank)]).to("lazy")
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    dist.barrier()
+    return {
+        "all_reduce": x.cpu().tolist(), "all_gather": gathered.cpu().tolist(),
+        "reduce_scatter": scattered.cpu().tolist(), "broadcast": b.cpu().tolist(),
+        "max": m.cpu().tolist(),
+    }  # fmt: skip
+
+
+def ddp(rank: int, world: int) -> dict:
+    """DistributedDataParallel on lazy: each process trains on its half of every batch."""
+    model = torch.nn.parallel.DistributedDataParallel(_mlp().to("lazy"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    half = 8 // world
+    losses, compiles = [], []
+    for x, y in _batches():
+        before = lazy_torch.metrics.counters().get("compiles", 0)
+        x, y = x[rank * half:(rank + 1) * half], y[rank * half:(rank + 1) * half]
+        loss = nn.functional.mse_loss(model(x.to("lazy")), y.to("lazy"))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lazy_torch.mark_step()
+        losses.append(loss.item())
+        compiles.append(lazy_torch.metrics.counters().get("compiles", 0) - before)
+    return {"losses": losses, "weight": model.module[0].weight.cpu().tolist(), "compiles": compiles}
+
+
 if __name__ == "__main__":
-    initialize()
+    if sys.argv[1] in ("collectives", "ddp"):
+        dist.init_process_group("lazy")
+    else:
+        initialize()
     rank, world = lazy_torch.distributed.process_index(), lazy_torch.distributed.process_count()
     print(json.dumps({"rank": rank, **globals()[sys.argv[1]](rank, world)}), flush=True)
