@@ -58,7 +58,8 @@ def to_device(
         return _move(batch, lambda x: upload(x, index))
     spec = tuple(partition_spec or ())
     return _move(
-        batch, lambda x: upload(x, index, None, mesh.placement(x, spec[: x.dim()]), parts=True)
+        batch,
+        lambda x: upload(x, index, None, mesh.placement(x, spec[: x.dim()], True), parts=True),
     )
 
 

@@ -69,9 +69,13 @@ class Mesh:
         _meshes[self.key] = self
         runtime.spmd.enable()
 
-    def placement(self, t: torch.Tensor, partition_spec: Sequence[Any]) -> tuple:
-        """The placement of ``t`` laid out on this mesh as ``partition_spec`` (checked)."""
-        return placement(t, self, partition_spec)
+    def placement(
+        self, t: torch.Tensor, partition_spec: Sequence[Any], part: bool = False
+    ) -> tuple:
+        """The placement of ``t`` laid out on this mesh as ``partition_spec`` (checked); with
+        ``part``, ``t`` is this process's part of the value (a ``DeviceLoader`` batch), whose
+        dimensions the mesh's axes need not divide where they span several processes."""
+        return placement(t, self, partition_spec, part and runtime.processes.process_count() > 1)
 
     def size(self) -> int:
         return len(self.device_ids)
@@ -105,8 +109,11 @@ def _index(v: Any, what: str) -> int:
         raise TypeError(f"a {what} is an int, not {v!r}") from None
 
 
-def placement(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence[Any]) -> tuple:
-    """The placement of ``t`` laid out on ``mesh`` as ``partition_spec`` (checked)."""
+def placement(
+    t: torch.Tensor, mesh: Mesh, partition_spec: Sequence[Any], part: bool = False
+) -> tuple:
+    """The placement of ``t`` laid out on ``mesh`` as ``partition_spec`` (checked; a ``part``
+    of a value over several processes is checked by JAX as it is put)."""
     spec = tuple(partition_spec)
     shape = tuple(t.shape)
     if len(spec) > len(shape):
@@ -122,7 +129,7 @@ def placement(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence[Any]) -> tup
                 raise ValueError(f"mesh axis {name!r} is used twice in {spec!r}")
             used.add(name)
         ways = math.prod(mesh.shape()[n] for n in names)
-        if shape[dim] % ways:
+        if shape[dim] % ways and not part:
             raise ValueError(
                 f"dimension {dim} of a tensor of shape {shape} ({shape[dim]}) does not divide "
                 f"over mesh axis {entry!r} of {ways} devices"

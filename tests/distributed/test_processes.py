@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch import nn
 
@@ -35,12 +36,14 @@ def _free_port() -> int:
     raise RuntimeError("no two free ports in a row")
 
 
-def _launch(scenario: str, world: int = 2, timeout: float = 120) -> list[dict]:
+def _launch(
+    scenario: str, world: int = 2, timeout: float = 120, wait: str = "60"
+) -> list[dict]:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
     env.update(
         LAZY_CPU_DEVICES="2", LAZY_PLATFORM="cpu", MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port), WORLD_SIZE=str(world), LAZY_DISTRIBUTED_TIMEOUT="60",
+        MASTER_PORT=str(port), WORLD_SIZE=str(world), LAZY_DISTRIBUTED_TIMEOUT=wait,
         PYTHONPATH=ROOT,
     )  # fmt: skip
     procs = [
@@ -63,8 +66,7 @@ def _launch(scenario: str, world: int = 2, timeout: float = 120) -> list[dict]:
     return sorted(results, key=lambda r: r["rank"])
 
 
-def test_data_parallel_over_two_processes_equals_one_process():
-    results = _launch("data_parallel")
+def _one_process() -> tuple[list[float], torch.nn.Module]:
     model = worker._mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
@@ -74,10 +76,18 @@ def test_data_parallel_over_two_processes_equals_one_process():
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    for r in results:
+    return losses, model
+
+
+@pytest.mark.parametrize(
+    "scenario, layout", [("data_parallel", [None, None]), ("sharded", ["data", None])]
+)
+def test_training_over_two_processes_devices_equals_one_process(scenario, layout):
+    losses, model = _one_process()
+    for r in _launch(scenario):
         torch.testing.assert_close(r["losses"], losses, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(torch.tensor(r["weight"]), model[0].weight.detach())
-        assert r["sharding"] == [None, None]
+        assert r["sharding"] == layout
 
 
 def test_a_process_that_builds_another_graph_gets_an_error_not_a_hang():
@@ -86,6 +96,11 @@ def test_a_process_that_builds_another_graph_gets_an_error_not_a_hang():
         assert r["error"] is not None, r
         assert "built different graphs" in r["error"], r["error"]
         assert "aten.mul" in r["error"] and "aten.add" in r["error"], r["error"]
+
+
+def test_a_process_that_never_arrives_makes_the_others_raise_after_the_timeout():
+    first, _ = _launch("absent", wait="5", timeout=90)
+    assert "did not reach execution 0" in first["error"], first["error"]
 
 
 def test_torch_distributed_collectives_on_lazy_tensors():
@@ -101,15 +116,7 @@ def test_torch_distributed_collectives_on_lazy_tensors():
 
 def test_distributed_data_parallel_over_two_processes_equals_one_process():
     results = _launch("ddp")
-    model = worker._mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for x, y in worker._batches():
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses, model = _one_process()
     # Each process's loss is its half's; their mean is the whole batch's.
     mean = [(a + b) / 2 for a, b in zip(results[0]["losses"], results[1]["losses"])]
     torch.testing.assert_close(mean, losses, rtol=1e-5, atol=1e-6)

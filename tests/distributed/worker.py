@@ -4,14 +4,23 @@ tests.distributed.worker SCENARIO`` under torchrun's environment variables; prin
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 import lazy_torch
-from lazy_torch.distributed import DeviceLoader, GraphMismatch, Mesh, get_sharding, initialize
+from lazy_torch.distributed import (
+    DeviceLoader,
+    GraphMismatch,
+    Mesh,
+    fsdp,
+    get_sharding,
+    initialize,
+)
 
 
 def _mlp() -> nn.Module:
@@ -25,11 +34,14 @@ def _batches(steps: int = 5, batch: int = 8) -> list[tuple[torch.Tensor, torch.T
             for _ in range(steps)]  # fmt: skip
 
 
-def data_parallel(rank: int, world: int) -> dict:
-    """Each process loads its half of every batch; the mesh spans every process's devices."""
+def data_parallel(rank: int, world: int, shard: bool = False) -> dict:
+    """Each process loads its half of every batch; the mesh spans every process's devices, and
+    with ``shard`` the parameters are split over it (FSDP)."""
     n = lazy_torch.device_count()
     mesh = Mesh(range(n), (n,), ("data",))
     model = _mlp().to("lazy")
+    if shard:
+        fsdp(model, mesh, "data")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     half = 8 // world
     mine = [(x[rank * half:(rank + 1) * half], y[rank * half:(rank + 1) * half])
@@ -45,9 +57,29 @@ def data_parallel(rank: int, world: int) -> dict:
         losses.append(loss.item())
     return {
         "losses": losses,
-        "weight": model[0].weight.cpu().tolist(),
+        "weight": model[0].weight.cpu().tolist(),  # gathered from every process's devices
         "sharding": list(get_sharding(model[0].weight)[1]),
     }
+
+
+def sharded(rank: int, world: int) -> dict:
+    return data_parallel(rank, world, shard=True)
+
+
+def absent(rank: int, world: int) -> dict:
+    """Process 1 never reaches the step: process 0 raises after the timeout, never hangs."""
+    if rank == 1:
+        time.sleep(float(os.environ["LAZY_DISTRIBUTED_TIMEOUT"]) + 20)
+        return {"error": None}
+    n = lazy_torch.device_count()
+    mesh = Mesh(range(n), (n,), ("data",))
+    (x,) = list(DeviceLoader([torch.ones(2, 2)], mesh=mesh, partition_spec=("data", None)))
+    y = x * 3
+    try:
+        lazy_torch.mark_step()
+    except GraphMismatch as e:
+        return {"error": str(e)}
+    return {"error": None, "value": y.cpu().tolist()}
 
 
 def mismatch(rank: int, world: int) -> dict:
