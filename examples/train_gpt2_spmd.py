@@ -11,6 +11,7 @@ XLA all-gathers each weight where it is used and reduce-scatters its gradient. E
 python examples/train_gpt2_spmd.py                    # over every device (on CPU: LAZY_CPU_DEVICES)
 LAZY_CPU_DEVICES=4 python examples/train_gpt2_spmd.py --mode fsdp --steps 20
 LAZY_PLATFORM=gpu python examples/train_gpt2_spmd.py --size 124m --amp bf16
+LAZY_CPU_DEVICES=2 torchrun --nproc-per-node 2 examples/train_gpt2_spmd.py   # 2 processes
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ import transformers  # noqa: E402
 
 import lazy_torch  # noqa: E402
 import runtime  # noqa: E402
-from lazy_torch.distributed import DeviceLoader, Mesh, fsdp, get_sharding  # noqa: E402
+from lazy_torch.distributed import (  # noqa: E402
+    DeviceLoader,
+    Mesh,
+    fsdp,
+    get_sharding,
+    initialize,
+    process_count,
+    process_index,
+)
 
 SIZES = {  # n_layer, n_embd, n_head, vocab, seq
     "tiny": (2, 64, 4, 256, 64),
@@ -69,6 +78,9 @@ def train(
         fsdp(model, mesh, "data")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
     data = batches(vocab, seq, batch * devices, steps)
+    if process_count() > 1:  # each process gives its own devices' part of every batch
+        local = batch * len(runtime.devices())
+        data = [b[process_index() * local : (process_index() + 1) * local] for b in data]
     loader = DeviceLoader(data, mesh=mesh, partition_spec=("data", None))
     autocast = lazy_torch.amp.autocast(dtype=torch.bfloat16) if amp == "bf16" else None
     losses, compiles_after_warmup = [], 0
@@ -131,6 +143,8 @@ def main() -> None:
     parser.add_argument("--amp", choices=("bf16",), default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON line per run")
     args = parser.parse_args()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by torchrun: one process per host
+        initialize()
     devices = args.devices or lazy_torch.device_count()
     for mode in ("dp", "fsdp") if args.mode == "both" else (args.mode,):
         r = train(mode, devices, args.batch, args.steps, args.size, args.amp)

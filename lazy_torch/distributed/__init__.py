@@ -9,11 +9,15 @@ inserts the collectives), multi-process runs, and torch.distributed's backend "l
 ('data', None)
 """
 
+import torch.distributed
+
 from lazy_torch.data import DeviceLoader
-from lazy_torch.distributed import process_group  # noqa: F401 - registers the backend "lazy"
 from lazy_torch.distributed.processes import initialize
 from lazy_torch.distributed.spmd import Mesh, clear_sharding, fsdp, get_sharding, mark_sharding
 from runtime.processes import GraphMismatch, process_count, process_index
+
+if torch.distributed.is_available():  # registers torch.distributed's backend "lazy"
+    from lazy_torch.distributed import process_group  # noqa: F401
 
 __all__ = [
     "DeviceLoader",
