@@ -17,6 +17,8 @@ from torch import nn
 
 from tests.distributed import worker
 
+pytestmark = pytest.mark.slow  # each test starts two processes (10 to 40 s)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

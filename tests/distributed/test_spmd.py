@@ -130,6 +130,7 @@ def test_fsdp_training_equals_one_device_with_parameters_and_optimizer_state_sha
     assert "all-gather" in _collectives(executor.executable_texts()[-1])
 
 
+@pytest.mark.slow
 def test_gpt2_trains_data_parallel_and_fsdp_as_on_one_device():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(
