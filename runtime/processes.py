@@ -109,6 +109,8 @@ def agree(graph: Graph, layout: Any) -> None:
     n, me = next(_executions), jax.process_index()
     mine = f"{key_text(graph.key)} {layout!r}"
     client.key_value_set(f"lazy/graph/{n}/{me}", mine)
+    if n >= 2:  # every process read it before it published the key of execution n - 1
+        client.key_value_delete(f"lazy/graph/{n - 2}/{me}")
     timeout = int(config.DISTRIBUTED_TIMEOUT * 1000)
     for other in range(jax.process_count()):
         if other == me:
