@@ -5,7 +5,8 @@ PYTHONPATH=. python benchmarks/spmd_scaling.py [--size tiny|124m] [--amp bf16] [
     [--steps 10] [--devices 1,2,4] [--ddp]
 
 Prints, per run: tokens/s per device, its ratio to the same backend on one device (the scaling
-efficiency), the step time, the parameters and optimizer state device 0 holds (FSDP: about 1/N),
+efficiency; "plain" is one device without a mesh, against which "dp x1" shows what a mesh
+costs), the step time, the parameters and optimizer state device 0 holds (FSDP: about 1/N),
 peak device memory where the platform reports it, and the compiles after warm-up (must be 0).
 ``--ddp`` (CUDA only) adds eager PyTorch DDP, one process per GPU, the same model, batches and
 bf16 autocast. On the CPU platform (LAZY_CPU_DEVICES=N devices of one host) the figures are for
@@ -118,7 +119,8 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="add PyTorch DDP over NCCL (CUDA)")
     args = parser.parse_args()
 
-    runs = [lambda k=k: lazy_run("dp", k, args) for k in args.devices]
+    runs = [lambda: lazy_run("plain", 1, args)]  # one device without a mesh
+    runs += [lambda k=k: lazy_run("dp", k, args) for k in args.devices]
     runs.append(lambda: lazy_run("fsdp", max(args.devices), args))
     if args.ddp:
         runs += [lambda k=k: ddp_run(k, args) for k in args.devices]
@@ -133,7 +135,7 @@ def main() -> None:
           f"{'state MiB dev0':>14s} {'peak MiB dev0':>13s} {'compiles':>8s}")  # fmt: skip
     for r in rows:
         backend = "ddp" if r["mode"] == "ddp" else "lazy"
-        if r["devices"] == 1 and r["mode"] != "fsdp":
+        if r["devices"] == 1 and r["mode"] in ("dp", "ddp"):
             base[backend] = r["tokens_per_s_per_device"]
         ratio = r["tokens_per_s_per_device"] / base[backend] if backend in base else float("nan")
         state = "-" if r["state_bytes_device0"] is None else f"{r['state_bytes_device0'] * mib:.1f}"

@@ -65,15 +65,16 @@ def batches(vocab: int, seq: int, batch: int, steps: int, seed: int = 0) -> list
 def train(
     mode: str, devices: int, batch: int, steps: int, size: str, amp: str | None, warmup: int = 3
 ) -> dict:
-    """One run: ``mode`` "dp" or "fsdp" over the first ``devices`` devices, ``batch`` sequences
-    per device per step. Returns its figures."""
+    """One run: ``mode`` "dp" or "fsdp" over the first ``devices`` devices, or "plain" (one
+    device, no mesh: what a mesh costs), ``batch`` sequences per device per step. Returns its
+    figures."""
     n_layer, n_embd, n_head, vocab, seq = SIZES[size]
     config = transformers.GPT2Config(
         vocab_size=vocab, n_positions=seq, n_embd=n_embd, n_layer=n_layer, n_head=n_head
     )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).to("lazy")
-    mesh = Mesh(range(devices), (devices,), ("data",))
+    mesh = None if mode == "plain" else Mesh(range(devices), (devices,), ("data",))
     if mode == "fsdp":
         fsdp(model, mesh, "data")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
@@ -81,7 +82,8 @@ def train(
     if process_count() > 1:  # each process gives its own devices' part of every batch
         local = batch * len(runtime.devices())
         data = [b[process_index() * local : (process_index() + 1) * local] for b in data]
-    loader = DeviceLoader(data, mesh=mesh, partition_spec=("data", None))
+    spec = None if mesh is None else ("data", None)
+    loader = DeviceLoader(data, mesh=mesh, partition_spec=spec)
     autocast = lazy_torch.amp.autocast(dtype=torch.bfloat16) if amp == "bf16" else None
     losses, compiles_after_warmup = [], 0
     for step, tokens in enumerate(loader):
@@ -116,9 +118,14 @@ def train(
         # Parameters and optimizer state held by device 0, and that state whole.
         "state_bytes_device0": sum(_bytes_on_first(t) for t in state),
         "state_bytes_total": sum(t.numel() * t.element_size() for t in state),
-        "sharded_parameters": sum(1 for p in model.parameters() if any(get_sharding(p)[1] or ())),
+        "sharded_parameters": sum(1 for p in model.parameters() if any(_spec(p))),
         "peak_bytes_device0": _peak(0),
     }
+
+
+def _spec(t: torch.Tensor) -> tuple:
+    found = get_sharding(t)
+    return () if found is None else found[1]
 
 
 def _bytes_on_first(t: torch.Tensor) -> int:
@@ -135,7 +142,7 @@ def _peak(index: int) -> int | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("dp", "fsdp", "both"), default="both")
+    parser.add_argument("--mode", choices=("dp", "fsdp", "both", "plain"), default="both")
     parser.add_argument("--devices", type=int, default=0, help="how many (default: all)")
     parser.add_argument("--batch", type=int, default=4, help="sequences per device per step")
     parser.add_argument("--steps", type=int, default=10)
@@ -145,7 +152,7 @@ def main() -> None:
     args = parser.parse_args()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by torchrun: one process per host
         initialize()
-    devices = args.devices or lazy_torch.device_count()
+    devices = 1 if args.mode == "plain" else args.devices or lazy_torch.device_count()
     for mode in ("dp", "fsdp") if args.mode == "both" else (args.mode,):
         r = train(mode, devices, args.batch, args.steps, args.size, args.amp)
         if args.json:
