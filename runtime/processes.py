@@ -60,10 +60,12 @@ def joined() -> bool:
 
 
 def process_index() -> int:
+    global_devices()  # JAX's settings first (LAZY_CPU_DEVICES): this starts its devices
     return jax.process_index()
 
 
 def process_count() -> int:
+    global_devices()
     return jax.process_count()
 
 

@@ -14,7 +14,14 @@ from torch import nn
 
 import lazy_torch
 import runtime
-from lazy_torch.distributed import DeviceLoader, Mesh, fsdp, get_sharding, mark_sharding
+from lazy_torch.distributed import (
+    DeviceLoader,
+    Mesh,
+    clear_sharding,
+    fsdp,
+    get_sharding,
+    mark_sharding,
+)
 from runtime import executor
 
 N = 4
@@ -278,3 +285,14 @@ def test_a_bad_mesh_raises():
         mark_sharding(torch.ones(8, 2, device="lazy")[:4], Mesh(range(N), (N,), ("d",)), ("d",))
     with pytest.raises(TypeError, match="lazy tensor"):
         mark_sharding(torch.ones(8), Mesh(range(N), (N,), ("d",)), ("d",))
+
+
+def test_clear_sharding_lets_the_next_value_take_the_layout_xla_gives_it():
+    mesh = Mesh(range(N), (N,), ("d",))
+    x = mark_sharding(torch.ones(8, 4).to("lazy"), mesh, ("d", None))
+    clear_sharding(x)
+    assert x._lazy.storage.placement is None
+    x.mul_(2)
+    lazy_torch.mark_step()
+    assert get_sharding(x) is not None  # on the mesh still, as XLA laid it out
+    assert torch.equal(x.cpu(), torch.full((8, 4), 2.0))
