@@ -79,8 +79,6 @@ def run_graph(
     reused = _reused_constant(graph, cause, site) if not graph.params and single else None
     if reused is not None:
         return reused
-    if not single and spmd.manual:  # buffers of collectives are never donated (yet)
-        donate, partners = (), None
     recycles = held is not None and single and _recycles(device_index)
     plan = _donations.plan(
         graph, device_index, donate, partners, held if recycles else None, _constant_buffers
