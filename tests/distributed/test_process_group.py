@@ -75,3 +75,5 @@ def test_distributed_data_parallel_of_one_process_trains_as_the_module(world):
         lazy_torch.mark_step()
     for mine, theirs in zip(model.module.parameters(), reference.parameters()):
         torch.testing.assert_close(mine.cpu(), theirs.detach())
+    # The parameters' updates were written into their old buffers, collectives and all.
+    assert lazy_torch.metrics.counters().get("donated_buffers", 0) >= 4
