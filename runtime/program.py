@@ -36,6 +36,11 @@ def register_call(key: int, plan: tuple, outputs: tuple[int, ...]) -> None:
     _calls.setdefault(key, (plan, outputs))
 
 
+def called(key: int) -> tuple[tuple, tuple[int, ...]]:
+    """The plan and output positions of the region registered as ``key``."""
+    return _calls[key]
+
+
 def has_lowering(op: str) -> bool:
     """True when graphs containing ``op`` can be compiled."""
     return op in LOWERINGS or op == CALL

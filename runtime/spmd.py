@@ -27,6 +27,7 @@ import numpy as np
 
 from lazy_core.graph import Graph
 from lazy_core.ir import DATA
+from runtime import program
 from runtime.device import global_devices
 from runtime.launcher import Deferred, failed, resolve
 
@@ -185,14 +186,24 @@ def _meshes_of(graph: Graph) -> tuple[frozenset, frozenset]:
     if found is None:
         if len(_named) >= 1024:
             _named.clear()
-        shards, groups = set(), set()
-        for n in graph.nodes:
-            if n.op == SHARD:
-                shards.add(n.arg[0][1][0])
-            elif n.op in COLLECTIVES:
-                groups.add(n.arg[0][-1])
+        shards: set = set()
+        groups: set = set()
+        _name_meshes(((n.op, n.arg) for n in graph.nodes), shards, groups)
         found = _named[graph.key] = (frozenset(shards), frozenset(groups))
     return found
+
+
+def _name_meshes(entries: Any, shards: set, groups: set) -> None:
+    """Add the meshes of ``entries`` ((op, arg) pairs) to ``shards`` and ``groups``, looking
+    into the plans of captured regions (``program.CALL``) they call."""
+    for op, arg in entries:
+        if op == SHARD:
+            shards.add(arg[0][1][0])
+        elif op in COLLECTIVES:
+            groups.add(arg[0][-1])
+        elif op == program.CALL:
+            plan, _ = program.called(arg)
+            _name_meshes(((e[0], e[1]) for e in plan), shards, groups)
 
 
 _named: dict[int, tuple[frozenset, frozenset]] = {}

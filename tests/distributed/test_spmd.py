@@ -296,3 +296,23 @@ def test_clear_sharding_lets_the_next_value_take_the_layout_xla_gives_it():
     lazy_torch.mark_step()
     assert get_sharding(x) is not None  # on the mesh still, as XLA laid it out
     assert torch.equal(x.cpu(), torch.full((8, 4), 2.0))
+
+
+def test_a_constraint_inside_a_compiled_region_lays_out_its_graph():
+    """Nothing else of the graph is on the mesh: the runtime finds it in the captured region."""
+    mesh = Mesh(range(N), (N,), ("d",))
+    w = torch.randn(6, 6)
+    on_device = w.to("lazy")
+
+    def f(x):
+        y = x @ on_device
+        mark_sharding(y, mesh, ("d", None))
+        return y.tanh() * 2
+
+    compiled = lazy_torch.compile(f)
+    for _ in range(3):
+        x = torch.randn(8, 6)
+        out = compiled(x.to("lazy"))
+        lazy_torch.mark_step()
+        torch.testing.assert_close(out.cpu(), (x @ w).tanh() * 2)
+        assert get_sharding(out) == (mesh, ("d", None))
