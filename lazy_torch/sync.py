@@ -122,8 +122,8 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
         # another storage's value, XLA would copy the old value away first (and the new one in),
         # two kernels per parameter of an optimizer step.
         partners = buffer_partners(group, graph.params, donated, graph.roots) if donated else None
-        on_mesh = runtime.spmd.active()
-        placements = _placements(group, graph) if on_mesh else None
+        layouts: list | None = [] if runtime.spmd.active() else None
+        placements = _placements(group, graph) if layouts is not None else None
         outputs = runtime.run_graph(
             graph,
             device,
@@ -134,12 +134,13 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
             partners=partners,
             held=held,
             placements=placements,
+            layouts=layouts,
         )
         leaves = computed_leaves(graph.roots, outputs) if device in extra else None
         settle(group, graph.roots, outputs)
-        if on_mesh:  # each storage keeps the layout its value got, for its next update
-            for s, output in zip(group, outputs):
-                s.placement = runtime.spmd.output_placement(output)
+        if layouts is not None:  # each storage keeps the layout its value got, for its next
+            for s, placement in zip(group, layouts):  # update
+                s.placement = placement
         if leaves is not None:
             rebase(extra[device], leaves)
     runtime.raise_interrupt()  # a Ctrl-C during a launch's hand-over, now that nothing is lost

@@ -27,7 +27,7 @@ class GraphError(RuntimeError):
 
 
 class Executable:
-    __slots__ = ("compiled", "errors", "layout", "numbers", "restore", "spmd")
+    __slots__ = ("compiled", "errors", "layout", "numbers", "placements", "restore", "spmd")
 
     def __init__(
         self,
@@ -47,6 +47,10 @@ class Executable:
         # Takes the outputs from ``order`` (the executable's: position -> root) back to root
         # order; None when they come in it.
         self.restore = None if order is None else _restorer(order)
+        # Each root's placement on the graph's mesh, in root order (runtime/spmd.py): what its
+        # storage keeps for its next value. None off a mesh, and for a manual graph's outputs
+        # (each process's own, on its device).
+        self.placements: tuple | None = None
 
 
 def _restorer(order: tuple[int, ...]) -> Callable[[list], tuple]:
@@ -205,7 +209,15 @@ def _compile(
     )  # fmt: skip
     _dump(graph, lowered, e.line())
     metrics.event(e)
-    return Executable(compiled, errors, layout, order, spmd)
+    exe = Executable(compiled, errors, layout, order, spmd)
+    if spmd is not None and not spmd.manual:
+        *shardings, _ = compiled.output_shardings
+        if exe.restore is not None:
+            shardings = exe.restore(shardings)
+        exe.placements = tuple(
+            spmd_.placement_of_sharding(s, len(r.shape)) for s, r in zip(shardings, graph.roots)
+        )
+    return exe
 
 
 _dumped = [0]

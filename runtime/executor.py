@@ -54,6 +54,7 @@ def run_graph(
     partners: dict[int, int] | None = None,
     held: set[int] | None = None,
     placements: tuple | None = None,
+    layouts: list | None = None,
 ) -> tuple[jax.Array, ...]:
     """Run ``graph`` on device ``device_index``; returns its root buffers (``Deferred`` while
     an asynchronous launch is queued: ``resolve`` reads them).
@@ -67,6 +68,7 @@ def run_graph(
     ``cause`` and ``site`` (the user's ``file:line``) say what cut the graph, for metrics and
     LAZY_DEBUG. ``placements`` (one per root, or None) are the layouts on a mesh that roots must
     have (runtime/spmd.py): a graph on a mesh is compiled for its arguments' and outputs' layouts.
+    ``layouts``, where given, gets the placement each root's output has (None: on one device).
 
     A graph with runtime checks waits for them and raises eager's error (an out-of-range index,
     an integer division by zero) before returning, so the caller keeps every previous value; with
@@ -74,6 +76,8 @@ def run_graph(
     """
     spmd = spmd_.layout(graph, placements)
     single = spmd is None
+    if layouts is not None:
+        layouts[:] = (None,) * len(graph.roots)
     if not single and processes.spans_processes(spmd.mesh[0]):
         processes.agree(graph, spmd.key)  # or raise: never a collective that waits forever
     reused = _reused_constant(graph, cause, site) if not graph.params and single else None
@@ -95,9 +99,11 @@ def run_graph(
         _site_graphs[site] = _site_graphs.get(site, 0) + 1
         if recycles:
             _donations.compiled(graph.key, plan)
+    if layouts is not None and exe.placements is not None:
+        layouts[:] = exe.placements
     values = [*_param_values(graph, exe, device_index, spmd), *plan.values]
     # Listeners (LAZY_DEBUG) get each execution's line, with its dispatch time, in order.
-    asynchronous = _threaded() and defer_checks and single and not metrics.listening()
+    asynchronous = _threaded() and defer_checks and not metrics.listening()
     launch, outputs = _launcher.submit(
         functools.partial(_execute, exe, values, graph), len(graph.roots) + 1
     )

@@ -29,7 +29,7 @@ from lazy_core.graph import Graph
 from lazy_core.ir import DATA
 from runtime import program
 from runtime.device import global_devices
-from runtime.launcher import Deferred, failed, resolve
+from runtime.launcher import resolve
 
 MeshKey = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]
 Placement = tuple[MeshKey, tuple[Any, ...]]
@@ -53,16 +53,6 @@ def enable() -> None:
 def active() -> bool:
     """Whether a mesh was made in this process (until then, no value is on one)."""
     return _active[0]
-
-
-def output_placement(buffer: Any) -> Placement | None:
-    """The placement of a graph's output; None for one whose launch is still queued (a graph on
-    a mesh waits for its launch, so that is one on a single device) or failed."""
-    if type(buffer) is Deferred:
-        if not buffer.launch.done() or failed(buffer):
-            return None
-        buffer = resolve(buffer)
-    return placement_of(buffer)
 
 
 class Spmd(NamedTuple):
@@ -106,10 +96,14 @@ def replicated(mesh: MeshKey) -> jax.sharding.NamedSharding:
 
 def placement_of(buffer: Any) -> Placement | None:
     """The placement of a device buffer; None for one on a single device."""
-    sharding = buffer.sharding
+    return placement_of_sharding(buffer.sharding, buffer.ndim)
+
+
+def placement_of_sharding(sharding: Any, ndim: int) -> Placement | None:
+    """The placement of a value of ``ndim`` dimensions laid out as ``sharding``."""
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
         return None
-    return _placement(sharding, buffer.ndim)
+    return _placement(sharding, ndim)
 
 
 @functools.lru_cache(maxsize=4096)
