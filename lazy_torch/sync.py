@@ -12,6 +12,7 @@ from lazy_core import Graph, Storage, cut_graph, pending_and_held, pending_stora
 from lazy_core.ir import DATA
 from lazy_core.rebase import computed_leaves, extra_outputs, rebase
 from lazy_core.value import buffer_partners, settle, unheld
+from lazy_torch import _native
 from lazy_torch import rng as _rng
 from lazy_torch.sites import user_site
 
@@ -66,6 +67,7 @@ def sync(storages: Iterable[Storage], cause: str, held: set[int] | None = None) 
     that live storages hold) lets the graph reuse the other buffers it reads. If compiling fails,
     every storage keeps its pending value.
     """
+    _native.cut_reset()
     if capture is not None:
         storages = list(storages)
         capture.on_sync(storages, cause)
@@ -146,6 +148,20 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
     runtime.raise_interrupt()  # a Ctrl-C during a launch's hand-over, now that nothing is lost
 
 
+def _auto_cut() -> None:
+    """The program recorded ``config.CUT_NODES`` nodes since its last barrier without reaching
+    one (a loop with no mark_step()): dispatch every pending value now, as a read would, before
+    the next op (LAZY_DEBUG shows the cut as cause "auto_cut" at the user's line). A capture
+    (lazy_torch.compile) records one region whatever its size."""
+    if capture is None:
+        sync(pending_storages(), cause="auto_cut")
+
+
+def configure_cuts(every: int) -> None:
+    """Cut the pending graph automatically after ``every`` new nodes (0: never)."""
+    _native.configure_cuts(every, _auto_cut)
+
+
 def mark_step(wait: bool = False) -> None:
     """Cut the pending graph of every live lazy tensor and dispatch it; returns without waiting.
 
@@ -173,3 +189,6 @@ def mark_step(wait: bool = False) -> None:
     if _step["end"] is not None:
         runtime.metrics.time("step_time", end - _step["end"])
     _step["end"], _step["synced"] = end, 0.0
+
+
+configure_cuts(runtime.config.CUT_NODES)

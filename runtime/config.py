@@ -77,6 +77,12 @@ MAPPINGS: int = int(os.environ.get("LAZY_MAPPINGS", "").strip() or _map_limit() 
 # then compiled. 0 turns it off.
 INTERPRET_AFTER: int = max(0, int(os.environ.get("LAZY_INTERPRET_AFTER", "4").strip() or 4))
 
+# Automatic graph cuts (lazy_torch/sync.py): once a program has recorded this many IR nodes since
+# its last barrier (a loop that never calls mark_step()), the next op first dispatches the
+# pending graph, so its memory and compile time stay bounded. A GPT-2 training step records about
+# 300 nodes a layer. 0 turns it off.
+CUT_NODES: int = max(0, int(os.environ.get("LAZY_CUT_NODES", "").strip() or 100_000))
+
 # Multi-process runs (runtime/processes.py): seconds a process waits for the others to join, and
 # to reach the same execution over several processes' devices, before it raises.
 DISTRIBUTED_TIMEOUT: float = float(os.environ.get("LAZY_DISTRIBUTED_TIMEOUT", "").strip() or 300)

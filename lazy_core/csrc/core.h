@@ -101,6 +101,8 @@ struct CoreApi {
     PyObject* (*digest_int)(const Digest& d);
     // Ready ``type`` and add it to ``module`` as ``name``.
     bool (*add_type)(PyObject* module, PyTypeObject* type, const char* name);
+    // How many nodes this process has made (a front end's automatic graph cuts read it).
+    const unsigned long long* nodes_made;
 };
 
 constexpr const char* CORE_API_CAPSULE = "lazy_core._native.CORE_API";

@@ -8,7 +8,8 @@ PyObject* s_assign = nullptr;
 
 namespace {
 
-const CoreApi api = {&NodeType, node_new, node_of, assign, absorb, digest_int, add_type};
+const CoreApi api = {&NodeType, node_new,   node_of,    assign,
+                     absorb,    digest_int, add_type,   &nodes_made};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "lazy_core._native",
                       "The IR's types in C: Node, Storage, View, digests (see lazy_core/csrc).", -1,

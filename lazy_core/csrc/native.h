@@ -29,6 +29,7 @@ PyObject* node_new(PyTypeObject* type, PyObject* const* argv, size_t nargsf, PyO
 // A Node of (op, src, arg, dtype, shape) whose ``arg`` has digest ``arg_digest`` (the caller has
 // it already); nullptr with an error.
 PyObject* node_of(PyObject* const* argv, const Digest& arg_digest);
+extern unsigned long long nodes_made;  // every Node made so far
 // Ready ``type`` and add it to the module as ``name``.
 bool add_type(PyObject* module, PyTypeObject* type, const char* name);
 // Ready the Node type; add it and the node functions (attribute_to, current_site, walk).

@@ -33,6 +33,8 @@ bool untrack_acyclic(PyObject* v, int depth = 0) {
 
 // A node of argv's (op, src, arg, dtype, shape) and ``payload``; its digest absorbs ``arg``'s
 // digest, given or computed here.
+unsigned long long nodes_made = 0;
+
 PyObject* make_node(PyTypeObject* type, PyObject* const* argv, PyObject* payload,
                     const Digest* arg_digest) {
     PyObject* src = argv[1];
@@ -63,6 +65,7 @@ PyObject* make_node(PyTypeObject* type, PyObject* const* argv, PyObject* payload
     }
     NodeObject* self = PyObject_New(NodeObject, type);
     if (self == nullptr) return nullptr;
+    nodes_made++;
     PyObject** fields[7] = {&self->op, &self->src, &self->arg, &self->dtype, &self->shape,
                             &self->payload, &self->site};
     PyObject* values[7] = {argv[0], src, argv[2], argv[3], argv[4], payload, current_site};

@@ -121,8 +121,37 @@ PyObject* call_handler(PyObject* func, PyObject* args, PyObject* kwargs) {
     return PyObject_Vectorcall(cfg.fallback, call, 3, nullptr);
 }
 
+// Automatic graph cuts: once ``cut_every`` nodes were made since the last barrier, the next op
+// calls ``cut_hook`` first (lazy_torch/sync.py), which dispatches the pending graph.
+unsigned long long cut_every = 0, cut_mark = 0;
+PyObject* cut_hook = nullptr;
+
+// configure_cuts(every, hook): cut after ``every`` nodes (0: never); cut_reset(): a barrier ran.
+PyObject* configure_cuts(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "configure_cuts(every, hook)");
+        return nullptr;
+    }
+    unsigned long long every = PyLong_AsUnsignedLongLong(argv[0]);
+    if (every == (unsigned long long)-1 && PyErr_Occurred()) return nullptr;
+    cut_every = every;
+    cut_mark = *core->nodes_made;
+    Py_XSETREF(cut_hook, Py_NewRef(argv[1]));
+    Py_RETURN_NONE;
+}
+
+PyObject* cut_reset(PyObject*, PyObject*) {
+    cut_mark = *core->nodes_made;
+    Py_RETURN_NONE;
+}
+
 // __torch_dispatch__(cls, func, types, args=(), kwargs=None), as a classmethod.
 PyObject* dispatch(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+    if (cut_every && *core->nodes_made - cut_mark >= cut_every) {
+        cut_mark = *core->nodes_made;  // the hook's own ops do not call it again
+        Ref done(PyObject_CallNoArgs(cut_hook));
+        if (!done) return nullptr;
+    }
     if (nargs < 3 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError, "dispatch(cls, func, types, args=(), kwargs=None)");
         return nullptr;
@@ -328,6 +357,10 @@ PyMethodDef dispatch_methods[] = {
      "func in C when a number or CPU tensor fills one of those arguments."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Give the recording path the front end's classes, caches and callbacks."},
+    {"configure_cuts", FASTCALL(configure_cuts),
+     "configure_cuts(every, hook): call hook() before the op that follows `every` new nodes "
+     "since the last barrier (0: never)."},
+    {"cut_reset", (PyCFunction)cut_reset, METH_NOARGS, "A barrier ran: count nodes from here."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "lazy_torch._native",

@@ -131,3 +131,45 @@ def test_the_mark_step_example_runs():
     for test in finder.find(sync.mark_step, "mark_step", globs={}):
         runner.run(test)
     assert runner.summarize(verbose=False) == doctest.TestResults(failed=0, attempted=4)
+
+
+@pytest.fixture
+def cut_every():
+    """Automatic cuts after a few hundred nodes (runtime.config.CUT_NODES is 100,000)."""
+
+    def configure(every: int) -> None:
+        sync.configure_cuts(every)
+
+    yield configure
+    sync.configure_cuts(runtime.config.CUT_NODES)
+
+
+def test_a_loop_that_never_reaches_a_barrier_is_cut_and_matches_eager(cut_every):
+    cut_every(300)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 6, generator=g)
+    lazy_w = w.to("lazy")
+    total, lazy_total = torch.zeros(6), torch.zeros(6, device="lazy")
+    totals, kept = [], []
+    for _ in range(60):  # about 10 nodes an iteration: a cut every 30 or so
+        x = torch.randn(6, generator=g)
+        total = total + torch.tanh(w @ x) * 0.5
+        lazy_total = lazy_total + torch.tanh(lazy_w @ x.to("lazy")) * 0.5
+        totals.append(total)
+        kept.append(lazy_total)  # live tensors are cut with the rest
+    assert lazy_torch.metrics.counters().get("syncs::auto_cut", 0) >= 1
+    for mine, eager in zip(kept, totals):
+        torch.testing.assert_close(mine.cpu(), eager)
+
+
+def test_a_cut_never_comes_while_a_barrier_resets_the_count(cut_every):
+    cut_every(300)
+    x = torch.ones(4, device="lazy")
+    for _ in range(100):
+        x = x * 1.5 - 0.25
+        lazy_torch.mark_step()  # each step is a few nodes: the count starts again
+    assert lazy_torch.metrics.counters().get("syncs::auto_cut", 0) == 0
+    expected = torch.ones(4)
+    for _ in range(100):
+        expected = expected * 1.5 - 0.25
+    torch.testing.assert_close(x.cpu(), expected)
