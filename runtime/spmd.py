@@ -14,6 +14,10 @@ be (the placement of the storage it becomes), or when it constrains a value to o
 outputs constrained to their storages' placements; GSPMD (XLA's SPMD partitioner) partitions the
 program and inserts the collectives. A buffer on one device that such a graph reads is replicated
 on the mesh first (once per buffer). All of one graph's placements name one mesh.
+
+A graph holding collectives between the processes of a torch.distributed group
+(lowerings/collectives.py) runs instead on each process's device of the group's mesh, with that
+process's own values, under ``jax.shard_map`` (``Spmd.manual``).
 """
 
 from __future__ import annotations
