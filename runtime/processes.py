@@ -4,19 +4,19 @@ the same graph.
 Every process of a multi-process run traces the same program, and a graph over several
 processes' devices runs only if each of them runs it at the same point: XLA's collectives would
 otherwise wait for each other forever. Before each such execution the processes trade their
-graphs' keys through the coordinator's key-value store; a process whose graph differs raises an
-error that names the first differing node, and a process that never arrives makes the others
-raise after ``config.DISTRIBUTED_TIMEOUT`` seconds instead of hanging.
+graphs' keys through a key-value store with timeouts that the front end gives (``use_store``:
+lazy_torch uses torch.distributed's); a process whose graph differs raises an error that names
+the first differing node, and a process that never arrives makes the others raise after
+``config.DISTRIBUTED_TIMEOUT`` seconds instead of hanging.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any
+from typing import Any, Protocol
 
 import jax
-from jax._src import distributed as _distributed  # the coordinator's key-value store
 
 from lazy_core.dump import ir_text
 from lazy_core.graph import Graph, key_text
@@ -26,6 +26,37 @@ from runtime.device import configure, devices, global_devices
 
 class GraphMismatch(RuntimeError):
     """Processes of a multi-process run were about to run different graphs together."""
+
+
+class Store(Protocol):
+    """A key-value store every process of the run reaches."""
+
+    def set(self, key: str, value: str) -> None: ...
+
+    def get(self, key: str, timeout: float) -> str:
+        """``key``'s value once some process has set it; raises after ``timeout`` seconds."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+
+_store: list[Store | None] = [None]
+
+
+def use_store(store: Store) -> None:
+    """Trade graph keys and barriers through ``store`` from now on."""
+    _store[0] = store
+
+
+def _the_store() -> Store:
+    store = _store[0]
+    if store is None:
+        raise RuntimeError(
+            "a graph over several processes' devices needs lazy_torch.distributed.initialize() "
+            "or torch.distributed.init_process_group('lazy'), which give the processes a store "
+            "to check their graphs through"
+        )
+    return store
 
 
 def initialize(
@@ -56,7 +87,7 @@ def initialize(
 
 def joined() -> bool:
     """Whether this process has joined a multi-process run (without starting JAX's devices)."""
-    return _distributed.global_state.client is not None
+    return jax.distributed.is_initialized()
 
 
 def process_index() -> int:
@@ -96,9 +127,7 @@ _barriers = itertools.count()
 def barrier() -> None:
     """Wait until every process is here (or raise after ``config.DISTRIBUTED_TIMEOUT``)."""
     if jax.process_count() > 1:
-        client = _distributed.global_state.client
-        timeout = int(config.DISTRIBUTED_TIMEOUT * 1e3)
-        client.wait_at_barrier(f"lazy/barrier/{next(_barriers)}", timeout)
+        _exchange(f"lazy/barrier/{next(_barriers)}", "here")
 
 
 _executions = itertools.count()
@@ -107,36 +136,41 @@ _executions = itertools.count()
 def agree(graph: Graph, layout: Any) -> None:
     """Raise ``GraphMismatch`` unless every process is about to run ``graph`` (with ``layout``,
     its arguments' and outputs' placements) as its next execution over several processes."""
-    client = _distributed.global_state.client
-    n, me = next(_executions), jax.process_index()
+    n = next(_executions)
     mine = f"{key_text(graph.key)} {layout!r}"
-    client.key_value_set(f"lazy/graph/{n}/{me}", mine)
-    if n >= 2:  # every process read it before it published the key of execution n - 1
-        client.key_value_delete(f"lazy/graph/{n - 2}/{me}")
-    timeout = int(config.DISTRIBUTED_TIMEOUT * 1000)
+    if n >= 2:  # every process read it before it published its key of execution n - 1
+        _the_store().delete(f"lazy/graph/{n - 2}/{jax.process_index()}")
+    for other, theirs in _exchange(f"lazy/graph/{n}", mine, f"execution {n}").items():
+        if theirs != mine:
+            raise GraphMismatch(_difference(graph, n, other))
+
+
+def _exchange(name: str, mine: str, what: str = "the barrier") -> dict[int, str]:
+    """Publish ``mine`` as this process's ``name`` and read every other process's."""
+    store, me = _the_store(), jax.process_index()
+    store.set(f"{name}/{me}", mine)
+    theirs = {}
     for other in range(jax.process_count()):
         if other == me:
             continue
         try:
-            theirs = client.blocking_key_value_get(f"lazy/graph/{n}/{other}", timeout)
+            theirs[other] = store.get(f"{name}/{other}", config.DISTRIBUTED_TIMEOUT)
         except Exception as e:
             raise GraphMismatch(
-                f"process {other} did not reach execution {n} over several processes within "
+                f"process {other} did not reach {what} over several processes within "
                 f"{config.DISTRIBUTED_TIMEOUT:g} s (LAZY_DISTRIBUTED_TIMEOUT): {e}"
             ) from None
-        if theirs != mine:
-            raise GraphMismatch(_difference(client, graph, n, me, other, timeout))
+    return theirs
 
 
-def _difference(client: Any, graph: Graph, n: int, me: int, other: int, timeout: int) -> str:
+def _difference(graph: Graph, n: int, other: int) -> str:
     """Where this process's graph and ``other``'s differ: the first differing line of their
     IR text (each process publishes its own once it sees a difference)."""
-    text = ir_text(graph.roots)
-    client.key_value_set(f"lazy/ir/{n}/{me}", text)
+    me, text = jax.process_index(), ir_text(graph.roots)
     head = f"process {me} and process {other} built different graphs for execution {n}"
     try:
-        theirs = client.blocking_key_value_get(f"lazy/ir/{n}/{other}", timeout)
-    except Exception:
+        theirs = _exchange(f"lazy/ir/{n}", text, f"execution {n}")[other]
+    except GraphMismatch:
         return f"{head} (process {other} did not show its graph)"
     for k, (a, b) in enumerate(itertools.zip_longest(text.splitlines(), theirs.splitlines())):
         if a != b:

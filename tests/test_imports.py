@@ -38,7 +38,7 @@ def _imports() -> dict[str, set[str]]:
     """Module -> the modules of this project and the frameworks it imports, anywhere in it."""
     found: dict[str, set[str]] = {}
     for package in PACKAGES:
-        for path in (ROOT / package).glob("*.py"):
+        for path in (ROOT / package).rglob("*.py"):  # subpackages too (lazy_torch.distributed)
             names = found.setdefault(_module(path), set())
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
@@ -60,6 +60,17 @@ def test_no_package_imports_upward():
                 if top not in MAY_IMPORT[package]:
                     wrong.append(f"{module} imports {name}")
     assert not wrong, wrong
+
+
+def test_only_jax_public_api_is_imported():
+    """DESIGN.md: public ``jax`` APIs only, never ``jax._src``."""
+    private = [
+        f"{module} imports {name}"
+        for module, names in _imports().items()
+        for name in names
+        if name == "jax._src" or name.startswith("jax._src.")
+    ]
+    assert not private, private
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -157,7 +157,7 @@ class ProcessGroupLazy(dist.ProcessGroup):
 
 def _create(store, rank: int, size: int, timeout) -> ProcessGroupLazy:
     if size > 1 and not runtime.processes.joined():
-        initialize(num_processes=size, process_id=rank)
+        initialize(num_processes=size, process_id=rank, store=store)
     if size != runtime.processes.process_count():
         raise NotImplementedError(
             f"a 'lazy' process group spans every process ({runtime.processes.process_count()}), "

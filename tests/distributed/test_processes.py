@@ -23,19 +23,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _free_port() -> int:
-    """Two free ports in a row: torch.distributed's store takes MASTER_PORT, JAX's coordinator
-    the next."""
+    """Three free ports in a row: torch.distributed's store takes MASTER_PORT, JAX's coordinator
+    the next, and the store the processes check their graphs through the one after."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        with socket.socket() as t:
-            try:
-                t.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two free ports in a row")
+        try:
+            for k in (1, 2):
+                with socket.socket() as t:
+                    t.bind(("127.0.0.1", port + k))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no three free ports in a row")
 
 
 def _launch(
