@@ -113,8 +113,7 @@ def _copy_into(self: LazyTensor, src: torch.Tensor) -> LazyTensor:
             value = value.to(self.dtype)
         # A whole storage laid out on a mesh (load_state_dict into a sharded model) gets its new
         # value in the same layout, straight from the host.
-        whole = self._lazy.storage if not self._lazy.steps else None
-        placement = None if whole is None else whole.placement
+        placement = None if self._lazy.steps else self._lazy.storage.placement
         value = value if same_shape else value.expand(self.shape)
         if placement is not None and self._meta != meta_of(value.contiguous()):
             placement = None  # a strided view of the whole storage: laid out at the barrier

@@ -45,6 +45,7 @@ def _donatable(graph: Graph, held: set[int]) -> tuple[int, ...]:
 # pairs, and how many outputs each (shape, dtype) slot has.
 _donation_plans: dict[int, tuple[tuple, tuple]] = {}
 
+
 def _placements(group: list[Storage], graph: Graph) -> tuple | None:
     """The layout on a mesh that each root's value must have: its storage's (lazy_torch.
     distributed), so parameters and optimizer state keep theirs step after step; None for the

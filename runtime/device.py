@@ -106,16 +106,26 @@ def to_device(
     # as soon as this returns (a reused batch buffer). JAX may alias such an array on the CPU
     # platform (even with may_alias=False) or read it after returning, so it gets its own copy.
     copy = np.array(array, copy=True)
-    if sharding is None or sharding.is_fully_addressable:
-        out = jax.device_put(copy, sharding or device(index))
-    elif parts:
+    if sharding is None:
+        out = jax.device_put(copy, device(index))
+    elif parts and not sharding.is_fully_addressable:
         out = jax.make_array_from_process_local_data(sharding, copy)
     else:
-        out = jax.make_array_from_callback(copy.shape, sharding, lambda where: copy[where])
+        out = place(copy, sharding)
     metrics.count("transfers_to_device")
     metrics.time("transfer_to_device_time", time.perf_counter() - start)
     metrics.size("transfer_to_device_bytes", array.nbytes)
     return out
+
+
+def place(value: Any, sharding: Any) -> jax.Array:
+    """A host array, or a buffer on one of this process's devices, laid out as ``sharding``. On
+    other processes' devices too, each process gives the whole value (every process runs the same
+    program) and keeps the parts on its own devices."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda where: host[where])
 
 
 def to_host(buffer: Any) -> np.ndarray:

@@ -240,9 +240,8 @@ def _dump(graph: Graph, lowered: Any, header: str) -> None:
 
 class ExecutableCache:
     """Executables by ``(graph key, donated parameters, output order, spare buffers, layout on a
-    mesh)``, least
-    recently used first: at most ``config.EXECUTABLES``, and the older half shed when the process
-    holds more than ``config.MAPPINGS`` memory mappings (their JIT code)."""
+    mesh)``, least recently used first: at most ``config.EXECUTABLES``, and the older half shed
+    when the process holds more than ``config.MAPPINGS`` memory mappings (their JIT code)."""
 
     def __init__(self) -> None:
         self._entries: collections.OrderedDict[tuple, Executable] = collections.OrderedDict()

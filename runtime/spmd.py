@@ -32,7 +32,7 @@ import numpy as np
 from lazy_core.graph import Graph
 from lazy_core.ir import DATA
 from runtime import program
-from runtime.device import global_devices
+from runtime.device import global_devices, place
 from runtime.launcher import resolve
 
 MeshKey = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]
@@ -240,16 +240,11 @@ _replicas: dict[tuple, jax.Array] = {}
 
 
 def put(value: Any, placement: Placement) -> jax.Array:
-    """A host array or device buffer laid out as ``placement``. On a mesh with other processes'
-    devices, each process gives the whole value (every process runs the same program) and keeps
-    the parts on its own devices."""
+    """A host array or device buffer laid out as ``placement`` (``device.place``)."""
     sharding = sharding_of(placement)
-    if sharding.is_fully_addressable:
-        return jax.device_put(value, sharding)
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         return _reshard(sharding)(value)  # from one layout over processes to another
-    host = np.asarray(value)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return place(value, sharding)
 
 
 @functools.lru_cache(maxsize=256)
