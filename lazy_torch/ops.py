@@ -108,6 +108,9 @@ def _copy_into(self: LazyTensor, src: torch.Tensor) -> LazyTensor:
                 torch.empty(src.shape, dtype=src.dtype, device="meta")
             )
     if not isinstance(src, LazyTensor):
+        if src.numel() == 0:  # nothing to transfer (a cache's torch.tensor([]) each step)
+            assign(self, torch.empty(self.shape, dtype=self.dtype, device=self.device))
+            return self
         value = src.detach()
         if value.dtype != self.dtype:
             value = value.to(self.dtype)

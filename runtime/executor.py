@@ -178,7 +178,9 @@ def _param_values(
 
     A packed array the call passed last time too (a constant learning rate) is passed as its
     device copy, made once: a host array costs the call a transfer each time. One that changes
-    (Adam's bias corrections) goes as the host array, as the call would copy it anyway.
+    (Adam's bias corrections) goes as the host array, as the call would copy it anyway (laid
+    out by the executable's input sharding; a mesh over other processes' devices takes a
+    global array, made here).
     """
     params = graph.params
     layout = exe.layout
@@ -189,14 +191,14 @@ def _param_values(
         array = np.array([params[i].payload for i in members], dtype=jax.numpy.dtype(dtype))
         raw = array.tobytes()  # bytes: -0.0 and 0.0 differ, equal NaNs match
         last, copy = exe.numbers[g]
-        if raw != last and spmd is None:
+        if raw != last and (spmd is None or not processes.spans_processes(spmd.mesh[0])):
             exe.numbers[g] = (raw, None)
             values.append(array)
             continue
         if copy is None or raw != last:
             if spmd is None:
                 copy = jax.device_put(array, device(device_index))
-            else:  # on a mesh (over other processes' devices too): its layout, made here
+            else:  # on a mesh: its layout, made here
                 copy = spmd_.put(array, (spmd.mesh, (None,)))
             exe.numbers[g] = (raw, copy)
         values.append(copy)

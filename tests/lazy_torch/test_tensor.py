@@ -269,3 +269,21 @@ def test_format_matches_eager():
                 format(value, ">8")
             with pytest.raises(TypeError, match=re.escape(str(eager.value))):
                 format(lazy, ">8")
+
+
+def test_empty_host_tensors_reach_the_device_without_a_transfer():
+    # transformers' DynamicCache makes torch.tensor([], device=...) twice per layer per step.
+    before = runtime.metrics.counters().get("transfers_to_device", 0)
+    made = [
+        torch.tensor([], device="lazy"),
+        torch.tensor([], dtype=torch.bfloat16, device="lazy"),
+        torch.empty(0, 3, dtype=torch.int64).to("lazy"),
+        torch.ones(2, 0, device="lazy").copy_(torch.ones(0)),
+    ]
+    lazy_torch.mark_step()
+    assert runtime.metrics.counters().get("transfers_to_device", 0) == before
+    expected = [torch.tensor([]), torch.tensor([], dtype=torch.bfloat16),
+                torch.empty(0, 3, dtype=torch.int64), torch.ones(2, 0)]  # fmt: skip
+    for got, want in zip(made, expected):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(torch.cat([got.cpu(), want]), torch.cat([want, want]))
