@@ -16,6 +16,7 @@ import runtime
 from lazy_torch import (  # noqa: F401
     amp,
     attention,
+    control_flow,  # torch.cond, while_loop and scan on lazy tensors
     data_dependent,
     debug,
     device_module,

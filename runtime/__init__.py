@@ -14,10 +14,22 @@ from runtime.executor import (
     wait_device_ops,
 )
 from runtime.launcher import resolve
-from runtime.program import CALL, has_lowering, op_category, register_call, rng_state
+from runtime.program import (
+    CALL,
+    COND,
+    SCAN,
+    WHILE,
+    has_lowering,
+    op_category,
+    register_call,
+    rng_state,
+)
 
 __all__ = [
     "CALL",
+    "COND",
+    "SCAN",
+    "WHILE",
     "GraphError",
     "check_errors",
     "config",

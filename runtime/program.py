@@ -30,6 +30,31 @@ CALL = "lazy.call"
 _calls: dict[int, tuple[tuple, tuple[int, ...]]] = {}
 
 
+# Control flow (lazy_torch/control_flow.py): one node each, its bodies registered regions (by
+# key, as CALL's), lowered to lax.cond, lax.while_loop and lax.scan. ``arg`` gives each region
+# with a map from its parameters to the node's operands:
+#   COND   operands (pred, *values), arg (true key, true map, false key, false map)
+#   WHILE  operands (*carries, *values), arg (cond key, cond map, body key, body map, carries)
+#   SCAN   operands (*carries, *xs, *values), arg (body key, body map, carries, xs)
+# A map indexes the operands after COND's predicate; WHILE's and SCAN's into the carries, the
+# slices of xs (SCAN) and the loop-invariant values, in operand order.
+COND = "lazy.cond"
+WHILE = "lazy.while_loop"
+SCAN = "lazy.scan"
+CONTROL = (COND, WHILE, SCAN)
+
+
+def regions(op: str, arg: Any) -> tuple[int, ...]:
+    """The keys of the registered regions a CALL or control-flow node evaluates."""
+    if op == CALL:
+        return (arg,)
+    if op == COND or op == WHILE:
+        return (arg[0], arg[2])
+    if op == SCAN:
+        return (arg[0],)
+    return ()
+
+
 def register_call(key: int, plan: tuple, outputs: tuple[int, ...]) -> None:
     """Make ``CALL`` nodes whose ``arg`` is ``key`` compute ``outputs`` of ``plan`` (a graph's
     plan, lazy_core.graph.Graph.plan) from their operands, in parameter order."""
@@ -43,7 +68,7 @@ def called(key: int) -> tuple[tuple, tuple[int, ...]]:
 
 def has_lowering(op: str) -> bool:
     """True when graphs containing ``op`` can be compiled."""
-    return op in LOWERINGS or op == CALL
+    return op in LOWERINGS or op == CALL or op in CONTROL
 
 
 def op_category(op: str) -> str | None:
@@ -197,8 +222,116 @@ def _evaluate(
             inner, outs = _calls[arg]
             values = _evaluate(inner, [env[s] for s in src], scalars, checks, platform, mesh)
             value = tuple(values[i] for i in outs)
+        elif op in CONTROL:
+            region = _Region(scalars, platform, mesh)
+            value = _CONTROL[op](region, arg, [env[s] for s in src])
+            checks.extend(region.checks())
         else:
             operands = [env[s] for s in src]
             value = _apply(op, arg, dtype, shape, operands, scalars, checks, platform, mesh)
         env.append(value)
     return env
+
+
+class _Region:
+    """Evaluates registered regions inside a control-flow body. A region's runtime checks
+    (index bounds) become one fixed-size ``[bad, index, which]`` row per evaluation, the first
+    check that failed, so a branch or an iteration returns the same shapes whatever it checks;
+    ``checks`` turns the rows the node returns into the usual ``[bad, index]`` rows."""
+
+    def __init__(self, scalars: tuple, platform: str, mesh: Any) -> None:
+        self.scalars, self.platform, self.mesh = scalars, platform, mesh
+        self.errors: dict[int, list] = {}  # region key -> the errors of its checks
+        self.found: list[tuple[Any, int]] = []  # (first-failure row, region key) after the node
+
+    def __call__(self, key: int, params: list) -> tuple[list, Any]:
+        plan, outs = _calls[key]
+        checks: list = []
+        env = _evaluate(plan, params, self.scalars, checks, self.platform, self.mesh)
+        self.errors[key] = [error for _, error in checks]
+        return [env[i] for i in outs], _first_failure([row for row, _ in checks])
+
+    def checks(self) -> list:
+        rows = []
+        for first, key in self.found:
+            for k, error in enumerate(self.errors.get(key, ())):
+                bad = (first[0] != 0) & (first[2] == k)
+                rows.append((jnp.stack([bad.astype(jnp.int64), first[1]]), error))
+        return rows
+
+
+def _first_failure(rows: list) -> Any:
+    """``[bad, index, which]``: the first of ``rows`` (``[bad, index]`` each) that failed."""
+    if not rows:
+        return jnp.zeros((3,), jnp.int64)
+    stacked = jnp.stack(rows).astype(jnp.int64)
+    failed = stacked[:, 0] != 0
+    which = jnp.argmax(failed)
+    return jnp.stack([jnp.any(failed).astype(jnp.int64), stacked[which, 1], which])
+
+
+def _earlier(a: Any, b: Any) -> Any:
+    """The first failure of two in order: ``a`` if it failed, else ``b``."""
+    return jnp.where(a[0] != 0, a, b)
+
+
+def _cond(region: _Region, arg: tuple, operands: list) -> tuple:
+    true_key, true_map, false_key, false_map = arg
+    pred, values = operands[0], operands[1:]
+
+    def branch(key: int, at: tuple) -> Any:
+        def run() -> tuple:
+            outs, first = region(key, [values[i] for i in at])
+            return (*outs, first)
+
+        return run
+
+    taken = jnp.reshape(pred, ()).astype(bool)
+    *outs, first = jax.lax.cond(
+        taken, branch(true_key, true_map), branch(false_key, false_map)
+    )
+    # Which branch failed: the predicate says; each branch's checks are numbered on their own.
+    region.found.append((jnp.where(taken, first, jnp.zeros_like(first)), true_key))
+    region.found.append((jnp.where(taken, jnp.zeros_like(first), first), false_key))
+    return tuple(outs)
+
+
+def _while(region: _Region, arg: tuple, operands: list) -> tuple:
+    cond_key, cond_map, body_key, body_map, n = arg
+    carries, invariant = tuple(operands[:n]), operands[n:]
+
+    def read(state: tuple, at: tuple) -> list:
+        every = [*state, *invariant]
+        return [every[i] for i in at]
+
+    def test(state: tuple) -> Any:
+        (flag,), first = region(cond_key, read(state[0], cond_map))
+        if region.errors[cond_key]:
+            raise NotImplementedError("runtime checks (index bounds) in while_loop's cond_fn")
+        return jnp.reshape(flag, ()).astype(bool)
+
+    def step(state: tuple) -> tuple:
+        outs, first = region(body_key, read(state[0], body_map))
+        return tuple(outs), _earlier(state[1], first)
+
+    final, first = jax.lax.while_loop(test, step, (carries, jnp.zeros((3,), jnp.int64)))
+    region.found.append((first, body_key))
+    return tuple(final)
+
+
+def _scan(region: _Region, arg: tuple, operands: list) -> tuple:
+    key, at, n, n_xs = arg
+    carries, xs, invariant = operands[:n], operands[n : n + n_xs], operands[n + n_xs :]
+
+    def step(state: tuple, x: tuple) -> tuple:
+        every = [*state[0], *x, *invariant]
+        outs, first = region(key, [every[i] for i in at])
+        # The body's outputs: its next carries, then its ys.
+        return (tuple(outs[:n]), _earlier(state[1], first)), tuple(outs[n:])
+
+    (final, first), ys = jax.lax.scan(step, (tuple(carries), jnp.zeros((3,), jnp.int64)), tuple(xs))
+    region.found.append((first, key))
+    return (*final, *ys)
+
+
+_CONTROL = {COND: _cond, WHILE: _while, SCAN: _scan}

@@ -1,0 +1,423 @@
+"""PyTorch's control-flow operators on lazy tensors: ``torch.cond``, ``while_loop`` and ``scan``
+(``torch._higher_order_ops``) record one node each, lowered to ``lax.cond``, ``lax.while_loop``
+and ``lax.scan`` (runtime/program.py). A lazy predicate or trip count never syncs, and one
+compiled program serves every predicate value and trip count.
+
+Each branch or body is traced once per call, on placeholder tensors for its explicit inputs (a
+carry, a slice of ``xs``; ``cond``'s operands), into a graph registered with the runtime like a
+captured region (``runtime.register_call``). Tensors a body reads from the enclosing scope
+(parameters, captured tensors) become operands of the node. Writes are functionalized
+(TensorSSA): a tensor of the enclosing scope that a body writes in place, directly or through a
+view, gets the node's output as its new value, and in a loop it is carried from one iteration to
+the next (``b[i] = b[i] + 1`` in a ``while_loop`` body updates ``b`` in every iteration). A
+``cond`` branch that writes into one of its operands writes the operand.
+
+The bodies must be pure tensor programs: a body that syncs (``.item()``, printing a value, a
+data-dependent shape) raises, naming the operator; random numbers may be drawn in a ``cond``
+branch but not in a loop body (each iteration would draw the same). Autograd through these
+operators is not recorded: calling them on tensors that require grad with grad enabled raises.
+
+PyTorch runs these operators in eager mode by compiling them with TorchDynamo, which cannot
+fake-ify a lazy tensor; ``_install`` routes a call with lazy tensors straight to the operator,
+whose lazy implementation is registered here (``py_impl(LazyTensor)``). It patches one function
+of ``torch._higher_order_ops.utils`` (checked by tests/lazy_torch/test_control_flow.py) and
+changes nothing for calls without lazy tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+import runtime
+from lazy_core import Node, cut_graph, data_leaf, digest, getitem, live_storages
+from lazy_core.rebase import substituted
+from lazy_torch import rng as _rng
+from lazy_torch import sync as _sync
+from lazy_torch._dtypes import dtype_name
+from lazy_torch.sites import user_site
+from lazy_torch.tensor import LazyTensor, dense_meta, fresh
+from lazy_torch.variants import assign
+
+COND, WHILE, SCAN = runtime.COND, runtime.WHILE, runtime.SCAN
+
+
+class _Input:
+    """The payload of a placeholder leaf: an explicit input of a body, distinct by identity."""
+
+    __slots__ = ()
+
+
+class _Outer:
+    """The payload of a placeholder leaf standing for a value of the enclosing scope."""
+
+    __slots__ = ()
+
+
+class _NoSync:
+    """Stands in for ``lazy_torch.compile``'s watcher while a body is traced: any sync raises."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def on_sync(self, storages: list, cause: str) -> None:
+        raise RuntimeError(
+            f"{self.what} on lazy tensors: a branch or body must be a pure tensor program, but "
+            f"it syncs ({cause}) at {user_site()}; compute the value outside the body or pass "
+            "it as an operand"
+        )
+
+
+class _Traced:
+    """One traced body: its results (lazy tensors) and their pytree spec, the storages of the
+    enclosing scope it wrote (id -> (storage, value before, value after)), its explicit inputs'
+    placeholder leaves and the values it left in them."""
+
+    __slots__ = ("after", "leaves", "outer", "results", "spec", "writes")
+
+    def __init__(
+        self, results: list, spec: Any, writes: dict, leaves: list, after: list, outer: dict
+    ) -> None:
+        self.results, self.spec, self.writes = results, spec, writes
+        self.leaves, self.after = leaves, after
+        self.outer = outer  # id -> node: the values the enclosing scope's storages held
+
+    def metas(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        return _metas(self.results)
+
+    def written_inputs(self) -> list[int]:
+        return [k for k, (a, b) in enumerate(zip(self.leaves, self.after)) if a is not b]
+
+    def value_of(self, storage: Any, old: Node) -> Node:
+        """The value ``storage`` (of the enclosing scope) has after the body."""
+        found = self.writes.get(id(storage))
+        return old if found is None else found[2]
+
+
+def _metas(values: list) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    return [(tuple(v.shape), v.dtype) for v in values]
+
+
+def _placeholders(metas: list[tuple[tuple[int, ...], torch.dtype]], device: int) -> list:
+    return [
+        fresh(data_leaf(_Input(), dtype_name(dtype), shape), device, dense_meta(shape, dtype))
+        for shape, dtype in metas
+    ]
+
+
+def _trace(fn: Callable, metas: list, device: int, what: str, loop: bool) -> _Traced:
+    """Run ``fn`` on placeholder tensors of ``metas`` recording IR only; every storage of the
+    enclosing scope it writes gets its value back afterwards."""
+    inputs = _placeholders(metas, device)
+    leaves = [t._lazy.storage.node for t in inputs]
+    held = {id(t._lazy.storage) for t in inputs}
+    before = {id(s): (s, s.node) for s in live_storages() if id(s) not in held}
+    draws = {d: s.draws for d, s in _rng._states.items()}
+    previous, _sync.capture = _sync.capture, _NoSync(what)
+    indexing = LazyTensor.__getitem__, LazyTensor.__setitem__
+    LazyTensor.__getitem__, LazyTensor.__setitem__ = _getitem, _setitem
+    try:
+        out = fn(*inputs)
+    finally:
+        _sync.capture = previous
+        LazyTensor.__getitem__, LazyTensor.__setitem__ = indexing
+        writes = {i: (s, old, s.node) for i, (s, old) in before.items() if s.node is not old}
+        for s, old, _ in writes.values():
+            s.set(old)
+    if loop and any(s.draws != draws.get(d, 0) for d, s in _rng._states.items()):
+        raise NotImplementedError(
+            f"{what} on lazy tensors: random numbers drawn in a loop body would repeat in every "
+            "iteration; draw them outside the loop and pass them in"
+        )
+    flat, spec = pytree.tree_flatten(out)
+    for v in flat:
+        if not isinstance(v, LazyTensor):
+            raise TypeError(
+                f"{what} on lazy tensors: a body must return tensors on the lazy device, got "
+                f"{type(v).__name__}"
+            )
+    after = [t._lazy.storage.node for t in inputs]
+    outer = {id(old): old for _, old in before.values()}
+    return _Traced(flat, spec, writes, leaves, after, outer)
+
+
+# Indexing by a 0-d integer tensor (``b[i]``, ``b[i, 2:]``), which PyTorch turns into an int
+# with ``.item()`` (a sync), is recorded inside a body as indexing by a one-element tensor, with
+# that dimension dropped: a read gives a copy (as any tensor index does), a write writes ``b``.
+
+
+def _tensor_index(index: Any) -> tuple | None:
+    """``index`` with a leading 0-d integer lazy tensor made one-element, or None."""
+    first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+    if not (isinstance(first, LazyTensor) and first.dim() == 0):
+        return None
+    if first.dtype == torch.bool or first.is_floating_point() or first.is_complex():
+        return None
+    if any(isinstance(r, torch.Tensor) for r in rest):
+        return None
+    return (first.reshape(1), *rest)
+
+
+def _getitem(self: LazyTensor, index: Any) -> Any:
+    found = _tensor_index(index)
+    if found is None:
+        return torch.Tensor.__getitem__(self, index)
+    return torch.Tensor.__getitem__(self, found).squeeze(0)
+
+
+def _setitem(self: LazyTensor, index: Any, value: Any) -> None:
+    found = _tensor_index(index)
+    torch.Tensor.__setitem__(self, index if found is None else found, value)
+
+
+def _region(traced: _Traced, roots: list) -> tuple[int, list]:
+    """Register the graph of ``traced`` computing ``roots`` with the runtime. Returns its key and
+    each parameter's source: ``("in", k)`` for explicit input ``k``, ``("outer", node)`` for a
+    value of the enclosing scope (or a leaf made in the body)."""
+    stand_in: dict[int, Node] = {}  # id(placeholder) -> the value of the enclosing scope
+
+    def replace(n: Node) -> Node | None:
+        if id(n) not in traced.outer:
+            return None
+        p = data_leaf(_Outer(), n.dtype, n.shape)
+        stand_in[id(p)] = n
+        return p
+
+    roots = substituted(roots, {}, replace)
+    graph = cut_graph(roots)
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    outputs = tuple(position[id(r)] for r in roots)
+    key = digest((graph.key, outputs))
+    runtime.register_call(key, graph.plan(), outputs)
+    index = {id(leaf): k for k, leaf in enumerate(traced.leaves)}
+    return key, [
+        ("in", index[id(p)]) if id(p) in index else ("outer", stand_in.get(id(p), p))
+        for p in graph.params
+    ]
+
+
+def _operands(regions: list[list], explicit: list, inputs: list[list[int]], carried: dict) -> tuple:
+    """The node's operands, ``explicit`` nodes then each other value of the enclosing scope the
+    regions read, and per region the operand index of each parameter: explicit input ``k`` of
+    region ``r`` is operand ``inputs[r][k]``; an outer value in ``carried`` (id -> operand
+    index: a storage a loop writes, read as its carry) is that operand."""
+    nodes = list(explicit)
+    at = dict(carried)
+    maps = []
+    for r, region in enumerate(regions):
+        m = []
+        for kind, what in region:
+            if kind == "in":
+                m.append(inputs[r][what])
+                continue
+            if id(what) not in at:
+                at[id(what)] = len(nodes)
+                nodes.append(what)
+            m.append(at[id(what)])
+        maps.append(tuple(m))
+    return nodes, maps
+
+
+def _nodes(tensors: list) -> list:
+    return [t._lazy.node for t in tensors]
+
+
+def _on_device(values: list, device: int) -> list:
+    """Tensors not on the lazy device (a CPU predicate, as CUDA takes) moved onto it."""
+    return [v if isinstance(v, LazyTensor) else v.to(torch.device("lazy", device)) for v in values]
+
+
+def _device_of(values: list) -> int:
+    return next((v._lazy.device for v in values if isinstance(v, LazyTensor)), 0)
+
+
+def _node(op: str, operands: list, arg: tuple, roots: list) -> Node:
+    """A node of ``op`` whose outputs are of ``roots``' dtypes and shapes."""
+    return Node(
+        op, tuple(operands), arg, tuple(r.dtype for r in roots), tuple(r.shape for r in roots)
+    )
+
+
+def _wrap(node: Node, metas: list, device: int, start: int) -> list:
+    """Lazy tensors on outputs ``start...`` of ``node``, of ``metas``."""
+    return [
+        fresh(getitem(node, k), device, dense_meta(shape, dtype))
+        for k, (shape, dtype) in enumerate(metas, start)
+    ]
+
+
+def _check_same(what: str, a: str, b: str, x: Any, y: Any) -> None:
+    if x != y:
+        raise RuntimeError(f"{what}: {a} and {b} must match, but {a} are {x} and {b} are {y}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The operators (``py_impl(LazyTensor)`` of PyTorch's higher-order operators).
+
+
+def cond(pred: Any, true_fn: Callable, false_fn: Callable, operands: Any) -> Any:
+    flat, spec = pytree.tree_flatten(tuple(operands))
+    device = _device_of([pred, *flat])
+    flat = _on_device(flat, device)
+    if not isinstance(pred, torch.Tensor):
+        return (true_fn if pred else false_fn)(*pytree.tree_unflatten(flat, spec))
+    (pred,) = _on_device([pred], device)
+    branches = [
+        _trace(lambda *a, fn=fn: fn(*pytree.tree_unflatten(list(a), spec)), _metas(flat),
+               device, "torch.cond", loop=False)
+        for fn in (true_fn, false_fn)
+    ]  # fmt: skip
+    t, f = branches
+    _check_same("torch.cond", "true_fn's outputs", "false_fn's", t.spec, f.spec)
+    _check_same("torch.cond", "true_fn's output shapes and dtypes", "false_fn's", t.metas(),
+                f.metas())  # fmt: skip
+    # What either branch writes, a storage of the enclosing scope or an operand, is an output of
+    # both (the value it had where a branch leaves it).
+    writes = list({**t.writes, **f.writes}.values())
+    written = sorted(set(t.written_inputs()) | set(f.written_inputs()))
+    keys, regions = [], []
+    for b in branches:
+        roots = [v._lazy.node for v in b.results] + [b.value_of(s, old) for s, old, _ in writes]
+        key, region = _region(b, roots + [b.after[k] for k in written])
+        keys.append(key)
+        regions.append(region)
+    explicit = [v._lazy.node for v in flat]
+    identity = list(range(len(flat)))
+    nodes, maps = _operands(regions, explicit, [identity, identity], {})
+    roots = [v._lazy.node for v in t.results] + [old for _, old, _ in writes]
+    roots += [flat[k]._lazy.node for k in written]
+    node = _node(COND, [pred._lazy.node, *nodes], (keys[0], maps[0], keys[1], maps[1]), roots)
+    results = _wrap(node, t.metas(), device, 0)
+    for j, (s, _, _) in enumerate(writes, len(results)):
+        s.set(getitem(node, j))
+    start = len(results) + len(writes)
+    for v, k in zip(_wrap(node, _metas([flat[k] for k in written]), device, start), written):
+        assign(flat[k], v)
+    return pytree.tree_unflatten(results, t.spec)
+
+
+def _loop_carries(body: _Traced, carried: list, what: str) -> list:
+    """The storages of the enclosing scope a loop body writes (carried after the explicit
+    carries), after checking the body's explicit outputs against the carries."""
+    if body.written_inputs():
+        raise RuntimeError(
+            f"{what} on lazy tensors: the body writes into a carried input in place; return the "
+            "new value instead"
+        )
+    return list(body.writes.values())
+
+
+def while_loop(cond_fn: Callable, body_fn: Callable, carried_inputs: tuple,
+               additional_inputs: tuple) -> Any:  # fmt: skip
+    what = "while_loop"
+    flat = list(carried_inputs)
+    if any(not isinstance(v, torch.Tensor) for v in flat):
+        raise TypeError(f"{what} on lazy tensors carries tensors only, got {flat}")
+    device = _device_of([*flat, *additional_inputs])
+    flat = _on_device(flat, device)
+    extra_in = list(additional_inputs)
+    metas = _metas(flat)
+    body = _trace(lambda *c: body_fn(*c, *extra_in), metas, device, what, loop=True)
+    _check_same(what, "body_fn's output shapes and dtypes", "the carried inputs'",
+                body.metas(), metas)  # fmt: skip
+    writes = _loop_carries(body, flat, what)
+    check = _trace(lambda *c: cond_fn(*c, *extra_in), metas, device, what, loop=True)
+    if check.writes or check.written_inputs():
+        raise RuntimeError(f"{what} on lazy tensors: cond_fn writes a tensor in place")
+    if check.metas() not in ([((), torch.bool)], [((1,), torch.bool)]):
+        raise RuntimeError(
+            f"{what}: cond_fn must return a boolean tensor of one element, got {check.metas()}"
+        )
+    n = len(flat) + len(writes)
+    body_key, body_region = _region(body, _nodes(body.results) + [new for _, _, new in writes])
+    cond_key, cond_region = _region(check, _nodes(check.results))
+    explicit = [v._lazy.node for v in flat] + [old for _, old, _ in writes]
+    carried = {id(old): len(flat) + j for j, (_, old, _) in enumerate(writes)}
+    identity = list(range(len(flat)))
+    nodes, (cond_map, body_map) = _operands(
+        [cond_region, body_region], explicit, [identity, identity], carried
+    )
+    node = _node(WHILE, nodes, (cond_key, cond_map, body_key, body_map, n), explicit)
+    results = _wrap(node, metas, device, 0)
+    for j, (s, _, _) in enumerate(writes, len(flat)):
+        s.set(getitem(node, j))
+    return pytree.tree_unflatten(results, body.spec)
+
+
+def scan(combine_fn: Callable, init: list, xs: list, additional_inputs: tuple) -> Any:
+    what = "scan"
+    device = _device_of([*init, *xs, *additional_inputs])
+    init, xs = _on_device(list(init), device), _on_device(list(xs), device)
+    extra_in = list(additional_inputs)
+    length = xs[0].shape[0]
+    metas = _metas(init) + [(tuple(x.shape[1:]), x.dtype) for x in xs]
+    body = _trace(lambda *a: combine_fn(*a, *extra_in), metas, device, what, loop=True)
+    _check_same(what, "combine_fn's next carry shapes and dtypes", "init's",
+                body.metas()[: len(init)], _metas(init))  # fmt: skip
+    writes = _loop_carries(body, init, what)
+    n = len(init) + len(writes)
+    # The body's outputs: its next carries (the written storages' after the explicit ones), then
+    # its ys.
+    outs = _nodes(body.results)
+    key, region = _region(body, outs[: len(init)] + [new for _, _, new in writes] + outs[len(init) :])
+    # Operands: the carries (explicit, then the written storages), then xs, then the rest.
+    explicit = [v._lazy.node for v in init] + [old for _, old, _ in writes]
+    explicit += [x._lazy.node for x in xs]
+    carried = {id(old): len(init) + j for j, (_, old, _) in enumerate(writes)}
+    inputs = list(range(len(init))) + [n + k for k in range(len(xs))]
+    nodes, (body_map,) = _operands([region], explicit, [inputs], carried)
+    # The node's outputs: the final carries (the written storages' among them), then each y
+    # stacked over the iterations.
+    ys = body.metas()[len(init) :]
+    carries = explicit[:n]
+    dtypes = tuple(c.dtype for c in carries) + tuple(dtype_name(d) for _, d in ys)
+    shapes = tuple(c.shape for c in carries) + tuple((length, *s) for s, _ in ys)
+    node = Node(SCAN, tuple(nodes), (key, body_map, n, len(xs)), dtypes, shapes)
+    results = _wrap(node, _metas(init), device, 0)
+    for j, (s, _, _) in enumerate(writes, len(init)):
+        s.set(getitem(node, j))
+    results += _wrap(node, [((length, *s), d) for s, d in ys], device, n)
+    return pytree.tree_unflatten(results, body.spec)
+
+
+def _install() -> None:
+    """Route eager calls of PyTorch's control-flow operators with lazy tensors straight to the
+    operator (module docstring)."""
+    from torch._higher_order_ops import utils
+
+    original = getattr(utils, "_hop_compile_and_call", None)
+    if original is None or getattr(original, "_lazy_patch", False):
+        return
+
+    @functools.wraps(original)
+    def _hop_compile_and_call(fn: Callable, args: tuple, kwargs: dict | None = None) -> Any:
+        leaves = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if not any(isinstance(x, LazyTensor) for x in leaves):
+            return original(fn, args, kwargs)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in leaves):
+            raise NotImplementedError(
+                "torch.cond, while_loop and scan on lazy tensors record no autograd graph: call "
+                "them under torch.no_grad() or on tensors that do not require grad"
+            )
+        return fn(*args, **(kwargs or {}))
+
+    _hop_compile_and_call._lazy_patch = True
+    utils._hop_compile_and_call = _hop_compile_and_call
+
+
+def _register() -> None:
+    from torch._higher_order_ops.cond import cond_op
+    from torch._higher_order_ops.scan import scan_op
+    from torch._higher_order_ops.while_loop import while_loop_op
+
+    for op, impl in ((cond_op, cond), (while_loop_op, while_loop), (scan_op, scan)):
+        if LazyTensor not in op.python_key_table:
+            op.py_impl(LazyTensor)(impl)
+    _install()
+
+
+_register()
