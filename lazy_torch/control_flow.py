@@ -300,9 +300,9 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, operands: Any) -> Any
     return pytree.tree_unflatten(results, t.spec)
 
 
-def _loop_carries(body: _Traced, carried: list, what: str) -> list:
-    """The storages of the enclosing scope a loop body writes (carried after the explicit
-    carries), after checking the body's explicit outputs against the carries."""
+def _loop_carries(body: _Traced, what: str) -> list:
+    """The storages of the enclosing scope a loop body writes, carried after the explicit
+    carries: (storage, value before, value after) each."""
     if body.written_inputs():
         raise RuntimeError(
             f"{what} on lazy tensors: the body writes into a carried input in place; return the "
@@ -324,7 +324,7 @@ def while_loop(cond_fn: Callable, body_fn: Callable, carried_inputs: tuple,
     body = _trace(lambda *c: body_fn(*c, *extra_in), metas, device, what, loop=True)
     _check_same(what, "body_fn's output shapes and dtypes", "the carried inputs'",
                 body.metas(), metas)  # fmt: skip
-    writes = _loop_carries(body, flat, what)
+    writes = _loop_carries(body, what)
     check = _trace(lambda *c: cond_fn(*c, *extra_in), metas, device, what, loop=True)
     if check.writes or check.written_inputs():
         raise RuntimeError(f"{what} on lazy tensors: cond_fn writes a tensor in place")
@@ -358,12 +358,14 @@ def scan(combine_fn: Callable, init: list, xs: list, additional_inputs: tuple) -
     body = _trace(lambda *a: combine_fn(*a, *extra_in), metas, device, what, loop=True)
     _check_same(what, "combine_fn's next carry shapes and dtypes", "init's",
                 body.metas()[: len(init)], _metas(init))  # fmt: skip
-    writes = _loop_carries(body, init, what)
+    writes = _loop_carries(body, what)
     n = len(init) + len(writes)
     # The body's outputs: its next carries (the written storages' after the explicit ones), then
     # its ys.
     outs = _nodes(body.results)
-    key, region = _region(body, outs[: len(init)] + [new for _, _, new in writes] + outs[len(init) :])
+    key, region = _region(
+        body, outs[: len(init)] + [new for _, _, new in writes] + outs[len(init) :]
+    )
     # Operands: the carries (explicit, then the written storages), then xs, then the rest.
     explicit = [v._lazy.node for v in init] + [old for _, old, _ in writes]
     explicit += [x._lazy.node for x in xs]

@@ -287,9 +287,7 @@ def _cond(region: _Region, arg: tuple, operands: list) -> tuple:
         return run
 
     taken = jnp.reshape(pred, ()).astype(bool)
-    *outs, first = jax.lax.cond(
-        taken, branch(true_key, true_map), branch(false_key, false_map)
-    )
+    *outs, first = jax.lax.cond(taken, branch(true_key, true_map), branch(false_key, false_map))
     # Which branch failed: the predicate says; each branch's checks are numbered on their own.
     region.found.append((jnp.where(taken, first, jnp.zeros_like(first)), true_key))
     region.found.append((jnp.where(taken, jnp.zeros_like(first), first), false_key))

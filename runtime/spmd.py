@@ -193,15 +193,16 @@ def _meshes_of(graph: Graph) -> tuple[frozenset, frozenset]:
 
 def _name_meshes(entries: Any, shards: set, groups: set) -> None:
     """Add the meshes of ``entries`` ((op, arg) pairs) to ``shards`` and ``groups``, looking
-    into the plans of captured regions (``program.CALL``) they call."""
+    into the plans of captured regions (``program.CALL``) and control-flow bodies they run."""
     for op, arg in entries:
         if op == SHARD:
             shards.add(arg[0][1][0])
         elif op in COLLECTIVES:
             groups.add(arg[0][-1])
-        elif op == program.CALL:
-            plan, _ = program.called(arg)
-            _name_meshes(((e[0], e[1]) for e in plan), shards, groups)
+        else:  # a captured region's or a control-flow body's plan
+            for key in program.regions(op, arg):
+                plan, _ = program.called(key)
+                _name_meshes(((e[0], e[1]) for e in plan), shards, groups)
 
 
 _named: dict[int, tuple[frozenset, frozenset]] = {}

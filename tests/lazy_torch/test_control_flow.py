@@ -1,0 +1,171 @@
+"""torch.cond, while_loop and scan on lazy tensors (lazy_torch/control_flow.py) against their
+eager definitions on CPU: values, no syncs, one compile across predicate values and trip counts,
+writes of enclosing tensors (through views too), runtime checks inside bodies, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._higher_order_ops.scan import scan
+from torch._higher_order_ops.while_loop import while_loop
+
+import lazy_torch
+from lazy_torch import control_flow
+
+
+def _count(name: str) -> int:
+    return lazy_torch.metrics.counters().get(name, 0)
+
+
+def _syncs() -> int:
+    counters = lazy_torch.metrics.counters()
+    return sum(
+        v for k, v in counters.items() if k.startswith("syncs::") and k != "syncs::mark_step"
+    )
+
+
+# What the operators mean (their eager definitions), run on CPU tensors.
+def _cond(pred, true_fn, false_fn, operands):
+    return true_fn(*operands) if pred else false_fn(*operands)
+
+
+def _while(cond_fn, body_fn, carried):
+    while cond_fn(*carried):
+        carried = body_fn(*carried)
+    return carried
+
+
+def _scan(combine_fn, init, xs):
+    ys = []
+    for x in xs:
+        init, y = combine_fn(init, x)
+        ys.append(y)
+    return init, torch.stack(ys)
+
+
+OPS = {"lazy": (torch.cond, while_loop, scan), "cpu": (_cond, _while, _scan)}
+
+
+def _program(device: str, threshold: float, trips: int) -> list[torch.Tensor]:
+    """cond, while_loop and scan with writes into enclosing tensors, a view among them."""
+    cond, loop, scan_ = OPS[device]
+    w = torch.arange(4.0, device=device) * 2
+    x = torch.linspace(-1, 1, 4, device=device)
+    seen = torch.zeros(2, 4, device=device)
+    row = seen[1]  # a view: writes through it reach ``seen``
+
+    def yes(a):
+        row.add_(a)  # a write into the enclosing scope, through a view
+        return a * w + 1
+
+    def no(a):
+        return a - w
+
+    out = [cond(x.sum() + threshold > 0, yes, no, (x,)), seen.clone()]
+    b = torch.zeros(6, device=device)
+
+    def body(i, acc):
+        b[i] = b[i] + i  # b, of the enclosing scope, is carried from one iteration to the next
+        return i + 1, acc * 2 + b.sum()
+
+    start = torch.tensor(0, device=device)
+    out += [*loop(lambda i, acc: i < trips, body, (start, torch.ones(3, device=device))), b]
+    xs = torch.arange(12.0, device=device).reshape(4, 3) - trips
+    carry, ys = scan_(lambda c, v: (c + v.relu(), c * v), torch.zeros(3, device=device), xs)
+    return [*out, carry, ys]
+
+
+@torch.no_grad()
+def test_cond_while_and_scan_match_eager_without_syncs_and_compile_once():
+    lazy_torch.mark_step()
+    compiles, syncs = _count("compiles"), _syncs()
+    for threshold, trips in ((2.0, 3), (-2.0, 5), (2.0, 6)):  # both branches, three trip counts
+        got = _program("lazy", threshold, trips)
+        lazy_torch.mark_step()
+        for g, e in zip(got, _program("cpu", threshold, trips)):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-6)
+    assert _count("compiles") - compiles == 1
+    assert _syncs() == syncs  # the reads above come after each barrier
+
+
+@torch.no_grad()
+def test_cond_writes_into_its_operand_and_keeps_other_operands():
+    def run(device):
+        cond = OPS[device][0]
+        x = torch.ones(3, device=device)
+        y = torch.full((3,), 5.0, device=device)
+
+        def grow(a, b):
+            a.mul_(3)
+            return a + b
+
+        return [cond(torch.tensor(True, device=device), grow, lambda a, b: a - b, (x, y)), x, y]
+
+    for g, e in zip(run("lazy"), run("cpu")):
+        assert torch.equal(g.cpu(), e)
+
+
+@torch.no_grad()
+def test_a_cpu_predicate_is_taken_as_cuda_takes_it():
+    x = torch.arange(3.0, device="lazy")
+    out = torch.cond(torch.tensor(False), lambda a: a + 1, lambda a: a - 1, (x,))
+    assert out.cpu().tolist() == [-1.0, 0.0, 1.0]
+
+
+@torch.no_grad()
+def test_an_index_out_of_range_inside_a_loop_body_raises_as_eager():
+    b = torch.zeros(3, device="lazy")
+
+    def body(i):
+        b[i] = b[i] + 1
+        return (i + 1,)
+
+    while_loop(lambda i: i < 4, body, (torch.tensor(0, device="lazy"),))
+    with pytest.raises(IndexError, match="out of bounds"):
+        lazy_torch.mark_step()
+        b.cpu()
+    lazy_torch.mark_step()
+
+
+@torch.no_grad()
+def test_scan_of_index_reads_inside_the_body():
+    table = torch.arange(20.0).reshape(5, 4)
+    picks = torch.tensor([4, 0, 2])
+
+    def step(c, i):
+        return c + table_[i], table_[i].sum(0, keepdim=True)
+
+    table_ = table
+    expected = _scan(step, torch.zeros(4), picks)
+    table_ = table.to("lazy")
+    got = scan(step, torch.zeros(4, device="lazy"), picks.to("lazy"))
+    for g, e in zip(got, expected):
+        assert torch.equal(g.cpu(), e)
+
+
+def test_bodies_that_sync_draw_random_numbers_or_need_grad_raise_clear_errors():
+    x = torch.ones(3, device="lazy")
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match=r"pure tensor program.*syncs \(item\)"):
+            torch.cond(x.sum() > 0, lambda a: a * a.sum().item(), lambda a: a, (x,))
+        with pytest.raises(NotImplementedError, match="random numbers"):
+            while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v + torch.rand(3, device="lazy")),
+                       (torch.tensor(0, device="lazy"), x))  # fmt: skip
+        with pytest.raises(RuntimeError, match="must match"):
+            torch.cond(x.sum() > 0, lambda a: a, lambda a: a[:2], (x,))
+    w = torch.ones(3, device="lazy", requires_grad=True)
+    with pytest.raises(NotImplementedError, match="autograd"):
+        torch.cond(x.sum() > 0, lambda a: a * 2, lambda a: a, (w,))
+    assert x.cpu().tolist() == [1.0, 1.0, 1.0]  # nothing lost
+
+
+def test_the_patched_compile_route_is_still_pytorchs_for_other_tensors():
+    from torch._higher_order_ops import utils
+
+    assert getattr(utils._hop_compile_and_call, "_lazy_patch", False)
+    assert utils._hop_compile_and_call.__wrapped__.__name__ == "_hop_compile_and_call"
+    x = torch.arange(3.0)
+    out = torch.cond(x.sum() > 0, lambda a: a + 1, lambda a: a - 1, (x,))
+    assert out.tolist() == [1.0, 2.0, 3.0]
+    assert control_flow.COND == "lazy.cond"
