@@ -2,7 +2,7 @@
 each kind of KV cache, and a nanoGPT-style loop, with a tiny GPT-2 config (random weights).
 
 PYTHONPATH=. python benchmarks/generation.py [--tokens 10] [--layers 2] [--width 64]
-    [--programs default,static,no_cache,loop]
+    [--programs default,static,no_cache,loop,helper]
 
 Prints per program: wall time on lazy (compiles included) and on eager, whether the tokens are
 eager's, the compiles and the syncs (``syncs::<cause>``) the lazy run made, and each compile's
@@ -55,6 +55,8 @@ def run(program: str, model, ids, tokens: int, device: str) -> tuple[float, torc
     start = time.perf_counter()
     if program == "loop":
         out = _loop(model, ids, tokens, device == "lazy")
+    elif program == "helper" and device == "lazy":  # lazy_torch.generate; eager: generate()
+        out = lazy_torch.generate(model, ids, tokens)
     else:
         out = _generate(model, ids, tokens, program)
     out = out.cpu()
@@ -66,7 +68,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=10)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--programs", default="default,static,no_cache,loop")
+    parser.add_argument("--programs", default="default,static,no_cache,loop,helper")
     args = parser.parse_args()
     eager = _model(args.layers, args.width)
     lazy = _model(args.layers, args.width).to("lazy")

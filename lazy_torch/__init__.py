@@ -33,6 +33,7 @@ from lazy_torch import (  # noqa: F401
 )
 from lazy_torch.compiled import compile
 from lazy_torch.data import DeviceLoader, to_device
+from lazy_torch.generation import generate
 from lazy_torch.rng import manual_seed
 from lazy_torch.sync import mark_step
 from lazy_torch.tensor import LazyTensor
@@ -72,6 +73,7 @@ __all__ = [
     "LazyTensor",
     "amp",
     "compile",
+    "generate",
     "debug",
     "device",
     "device_count",

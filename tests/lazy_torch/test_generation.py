@@ -1,0 +1,79 @@
+"""lazy_torch.generate against transformers' generate() on eager CPU: the same tokens (greedy,
+with and without EOS), compiles bounded by the length bucket, no syncs without EOS."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import lazy_torch
+from lazy_torch.generation import bucket_length
+
+
+def _model() -> transformers.GPT2LMHeadModel:
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=128,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _count(prefix: str) -> int:
+    counters = lazy_torch.metrics.counters()
+    return sum(v for k, v in counters.items() if k.startswith(prefix))
+
+
+def test_greedy_tokens_equal_transformers_and_compiles_do_not_grow_with_tokens():
+    model = _model()
+    prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(1))
+    lazy = _model().to("lazy")
+    for tokens in (11, 27):  # one bucket: 16 and 32 positions
+        with torch.no_grad():
+            expected = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens)
+        compiles, syncs = _count("compiles"), _count("syncs::") - _count("syncs::mark_step")
+        got = lazy_torch.generate(lazy, prompt, max_new_tokens=tokens)
+        assert _count("syncs::") - _count("syncs::mark_step") == syncs  # none
+        assert torch.equal(got.cpu(), expected)
+        assert _count("compiles") - compiles <= 3  # the first steps' and the result's slice
+
+
+def test_eos_stops_as_transformers_stops():
+    model = _model()
+    prompt = torch.randint(1, 64, (2, 4), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        free = model.generate(prompt, max_new_tokens=12, min_new_tokens=12)
+    eos = int(free[0, 6])  # row 0 generates it from its first new token on, row 1 never
+    lazy = _model().to("lazy")
+    for rows in (prompt, prompt[:1]):  # padding after EOS; every row finished: a shorter result
+        with torch.no_grad():
+            expected = model.generate(rows, max_new_tokens=12, eos_token_id=eos, pad_token_id=63)
+        got = lazy_torch.generate(
+            lazy, rows, max_new_tokens=12, eos_token_id=eos, pad_token_id=63, check_every=4
+        )
+        assert torch.equal(got.cpu(), expected)
+    assert expected.shape == (1, 5)  # stopped at its first new token
+
+
+def test_sampling_draws_from_the_lazy_generator_and_stays_in_top_k():
+    lazy = _model().to("lazy")
+    prompt = torch.tensor([[3, 4, 5]])
+    lazy_torch.manual_seed(7)
+    a = lazy_torch.generate(lazy, prompt, max_new_tokens=6, do_sample=True, top_k=1).cpu()
+    greedy = lazy_torch.generate(lazy, prompt, max_new_tokens=6).cpu()
+    assert torch.equal(a, greedy)  # top_k=1 is greedy
+    lazy_torch.manual_seed(7)
+    b = lazy_torch.generate(lazy, prompt, max_new_tokens=6, do_sample=True).cpu()
+    lazy_torch.manual_seed(7)
+    c = lazy_torch.generate(lazy, prompt, max_new_tokens=6, do_sample=True).cpu()
+    assert torch.equal(b, c) and b.shape == (1, 9) and int(b.max()) < 64
+
+
+def test_bucket_lengths_and_bad_input():
+    assert [bucket_length(n, None) for n in (1, 2, 3, 16, 17)] == [1, 2, 4, 16, 32]
+    assert bucket_length(100, 128) == 128 and bucket_length(70, 100) == 100
+    with pytest.raises(ValueError, match="exceed the model's 128 positions"):
+        lazy_torch.generate(_model().to("lazy"), torch.ones(1, 100, dtype=torch.long), 40)
+    with pytest.raises(ValueError, match=r"\(batch, length\)"):
+        lazy_torch.generate(_model().to("lazy"), torch.ones(5, dtype=torch.long), 4)
