@@ -14,8 +14,11 @@ the next (``b[i] = b[i] + 1`` in a ``while_loop`` body updates ``b`` in every it
 
 The bodies must be pure tensor programs: a body that syncs (``.item()``, printing a value, a
 data-dependent shape) raises, naming the operator; random numbers may be drawn in a ``cond``
-branch but not in a loop body (each iteration would draw the same). Autograd through these
-operators is not recorded: calling them on tensors that require grad with grad enabled raises.
+branch but not in a loop body (each iteration would draw the same). ``torch.cond`` is
+differentiable in its floating-point operands (its backward is another ``cond`` of the branches'
+vector-Jacobian products); the loops record no autograd graph and raise where one is wanted. A
+body that reads a tensor of the enclosing scope that requires grad raises (pass it as an
+operand): its gradient would otherwise be lost.
 
 PyTorch runs these operators in eager mode by compiling them with TorchDynamo, which cannot
 fake-ify a lazy tensor; ``_install`` routes a call with lazy tensors straight to the operator,
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._C import DispatchKey
 from torch.utils import _pytree as pytree
 
 import runtime
@@ -300,6 +304,122 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, operands: Any) -> Any
     return pytree.tree_unflatten(results, t.spec)
 
 
+class _CondGrad(torch.autograd.Function):
+    """``torch.cond`` with autograd: the forward is the lazy ``cond``; the backward is another
+    ``cond`` on the same predicate whose branches compute each branch's vector-Jacobian product
+    (traced with autograd on placeholders, so the backward is one node too). Gradients reach the
+    explicit floating-point operands; a branch that reads a tensor of the enclosing scope that
+    requires grad is refused (pass it as an operand)."""
+
+    @staticmethod
+    def forward(ctx, pred, true_fn, false_fn, specs, *flat):  # type: ignore[override]
+        ctx.fns, ctx.spec = (true_fn, false_fn), specs[0]
+        ctx.save_for_backward(pred, *flat)
+        with torch._C._AutoDispatchBelowAutograd():
+            out = cond(pred, true_fn, false_fn, pytree.tree_unflatten(list(flat), ctx.spec))
+        flat_out, out_spec = pytree.tree_flatten(out)
+        specs.append(out_spec)  # for the caller, which rebuilds the result
+        return tuple(flat_out)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        pred, *flat = ctx.saved_tensors
+        wanted = [k for k, v in enumerate(flat) if v.is_floating_point() or v.is_complex()]
+        spec, n = ctx.spec, len(flat)
+
+        def vjp(fn: Callable) -> Callable:
+            def branch(*args: Any) -> tuple:
+                ops, outer_grads = list(args[:n]), args[n:]
+                with torch.enable_grad():
+                    for k in wanted:
+                        ops[k] = ops[k].detach().requires_grad_()
+                    outs = pytree.tree_leaves(fn(*pytree.tree_unflatten(ops, spec)))
+                    pairs = [(o, g) for o, g in zip(outs, outer_grads) if o.requires_grad]
+                    found = torch.autograd.grad(
+                        [o for o, _ in pairs], [ops[k] for k in wanted],
+                        [g for _, g in pairs], allow_unused=True,
+                    )  # fmt: skip
+                return tuple(
+                    torch.zeros_like(ops[k]) if g is None else g for k, g in zip(wanted, found)
+                )
+
+            return branch
+
+        true_fn, false_fn = ctx.fns
+        with torch.no_grad():
+            found = cond(pred, vjp(true_fn), vjp(false_fn), (*flat, *grads))
+        out: list = [None] * n
+        for k, g in zip(wanted, found):
+            out[k] = g
+        return (None, None, None, None, *out)
+
+
+def _grad_free_bodies(what: str, bodies: list[tuple[Callable, list]], device: int) -> None:
+    """Raise where a body (``fn`` on placeholders of ``metas``) reads a tensor of the enclosing
+    scope that requires grad: its gradient would be lost without a word."""
+    for fn, metas in bodies:
+        traced = _trace(fn, metas, device, what, loop=what != "torch.cond")
+        if any(v.requires_grad for v in traced.results):
+            raise NotImplementedError(
+                f"{what} on lazy tensors: a body reads a tensor of the enclosing scope that "
+                "requires grad (a parameter, say); pass it as an operand"
+                + ("" if what == "torch.cond" else ", under torch.no_grad()")
+            )
+
+
+def _cond_autograd(pred: Any, true_fn: Callable, false_fn: Callable, operands: Any) -> Any:
+    """``cond`` at lazy tensors' autograd key: recorded with its backward (``_CondGrad``) where
+    an operand requires grad."""
+    flat, spec = pytree.tree_flatten(tuple(operands))
+    if not torch.is_grad_enabled():
+        with torch._C._AutoDispatchBelowAutograd():
+            return cond(pred, true_fn, false_fn, operands)
+    if any(not isinstance(v, torch.Tensor) for v in flat):
+        raise TypeError("torch.cond on lazy tensors with grad enabled takes tensor operands only")
+    device = _device_of([pred, *flat])
+    flat = _on_device(flat, device)
+    metas = _metas(flat)
+    bodies = [(lambda *a, fn=fn: fn(*pytree.tree_unflatten(list(a), spec)), metas)
+              for fn in (true_fn, false_fn)]  # fmt: skip
+    _grad_free_bodies("torch.cond", bodies, device)
+    if not isinstance(pred, torch.Tensor):
+        return (true_fn if pred else false_fn)(*pytree.tree_unflatten(flat, spec))
+    if not any(v.requires_grad for v in flat):
+        with torch._C._AutoDispatchBelowAutograd():
+            return cond(pred, true_fn, false_fn, operands)
+    (pred,) = _on_device([pred], device)
+    specs = [spec]
+    out = _CondGrad.apply(pred, true_fn, false_fn, specs, *flat)
+    return pytree.tree_unflatten(list(out), specs[1])
+
+
+def _loop_autograd(what: str, impl: Callable) -> Callable:
+    """A loop at lazy tensors' autograd key: no autograd graph is recorded through it, so it
+    refuses to run where one is wanted (an input, or a tensor its body reads, requires grad)."""
+
+    def kernel(*args: Any) -> Any:
+        if torch.is_grad_enabled():
+            leaves = [v for v in pytree.tree_leaves(args) if isinstance(v, torch.Tensor)]
+            if any(v.requires_grad for v in leaves):
+                raise NotImplementedError(
+                    f"{what} on lazy tensors records no autograd graph: call it under "
+                    "torch.no_grad() or on tensors that do not require grad"
+                )
+            device = _device_of(leaves)
+            if what == "while_loop":  # (cond_fn, body_fn, carried_inputs, additional_inputs)
+                extra = list(args[3])
+                body = (lambda *c: args[1](*c, *extra), _metas(list(args[2])))
+            else:  # scan: (combine_fn, init, xs, additional_inputs)
+                extra = list(args[3])
+                metas = _metas(list(args[1])) + [(tuple(x.shape[1:]), x.dtype) for x in args[2]]
+                body = (lambda *a: args[0](*a, *extra), metas)
+            _grad_free_bodies(what, [body], device)
+        with torch._C._AutoDispatchBelowAutograd():
+            return impl(*args)
+
+    return kernel
+
+
 def _loop_carries(body: _Traced, what: str) -> list:
     """The storages of the enclosing scope a loop body writes, carried after the explicit
     carries: (storage, value before, value after) each."""
@@ -400,11 +520,6 @@ def _install() -> None:
         leaves = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if not any(isinstance(x, LazyTensor) for x in leaves):
             return original(fn, args, kwargs)
-        if torch.is_grad_enabled() and any(x.requires_grad for x in leaves):
-            raise NotImplementedError(
-                "torch.cond, while_loop and scan on lazy tensors record no autograd graph: call "
-                "them under torch.no_grad() or on tensors that do not require grad"
-            )
         return fn(*args, **(kwargs or {}))
 
     _hop_compile_and_call._lazy_patch = True
@@ -419,6 +534,11 @@ def _register() -> None:
     for op, impl in ((cond_op, cond), (while_loop_op, while_loop), (scan_op, scan)):
         if LazyTensor not in op.python_key_table:
             op.py_impl(LazyTensor)(impl)
+    autograd = DispatchKey.AutogradLazy
+    if autograd not in cond_op.py_kernels:
+        cond_op.py_impl(autograd)(_cond_autograd)
+        while_loop_op.py_impl(autograd)(_loop_autograd("while_loop", while_loop_op))
+        scan_op.py_impl(autograd)(_loop_autograd("scan", scan_op))
     _install()
 
 

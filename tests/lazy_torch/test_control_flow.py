@@ -155,9 +155,33 @@ def test_bodies_that_sync_draw_random_numbers_or_need_grad_raise_clear_errors():
         with pytest.raises(RuntimeError, match="must match"):
             torch.cond(x.sum() > 0, lambda a: a, lambda a: a[:2], (x,))
     w = torch.ones(3, device="lazy", requires_grad=True)
-    with pytest.raises(NotImplementedError, match="autograd"):
-        torch.cond(x.sum() > 0, lambda a: a * 2, lambda a: a, (w,))
+    with pytest.raises(NotImplementedError, match="records no autograd graph"):
+        while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v * 2),
+                   (torch.tensor(0, device="lazy"), w))  # fmt: skip
+    with pytest.raises(NotImplementedError, match="enclosing scope that requires grad"):
+        torch.cond(x.sum() > 0, lambda a: a * w, lambda a: a, (x,))  # w's gradient: lost
+    with pytest.raises(NotImplementedError, match="enclosing scope that requires grad"):
+        scan(lambda c, v: (c + v * w, c.clone()), torch.zeros(3, device="lazy"), x.reshape(3, 1))
     assert x.cpu().tolist() == [1.0, 1.0, 1.0]  # nothing lost
+
+
+def test_gradients_through_cond_match_eager():
+    def run(device, threshold):
+        w = torch.tensor([0.5, -1.0, 2.0], device=device, requires_grad=True)
+        x = torch.arange(3.0, device=device)
+        cond = OPS[device][0]
+        out = cond(
+            x.sum() > threshold,
+            lambda a, b: ((a + 1) * b).sin(),
+            lambda a, b: a + b * b,
+            (x, w),
+        )
+        (out * torch.arange(1.0, 4.0, device=device)).sum().backward()
+        return [out.detach(), w.grad]
+
+    for threshold in (1.0, 10.0):
+        for g, e in zip(run("lazy", threshold), run("cpu", threshold)):
+            torch.testing.assert_close(g.cpu(), e)
 
 
 def test_the_patched_compile_route_is_still_pytorchs_for_other_tensors():
