@@ -149,17 +149,46 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
     runtime.raise_interrupt()  # a Ctrl-C during a launch's hand-over, now that nothing is lost
 
 
-def _auto_cut() -> None:
+def _auto_cut(func: Any) -> bool:
     """The program recorded ``config.CUT_NODES`` nodes since its last barrier without reaching
-    one (a loop with no mark_step()): dispatch every pending value now, as a read would, before
-    the next op (LAZY_DEBUG shows the cut as cause "auto_cut" at the user's line). A capture
-    (lazy_torch.compile) records one region whatever its size."""
-    if capture is None:
+    one (a loop with no mark_step()): dispatch every pending value, as a read would, before the
+    next op (LAZY_DEBUG shows the cut as cause "auto_cut" at the user's line). A capture
+    (lazy_torch.compile) records one region whatever its size.
+
+    Cuts fall where the loop comes round: once the count is reached, the cut waits (returning
+    True: asked again before the next op ``func``) for that moment's op at that user's line to
+    come back after other ops ran, and falls before it, where the next iteration records it;
+    later cuts wait for the same op and line. So the segments after the first hold the same
+    whole iterations and compile once (re-rolling). A program that does not come back to it
+    within as many ops again is cut where it is, and its op and line are remembered instead."""
+    if capture is not None:
+        return False
+    site = (user_site(), func)
+    if _loop["site"] is None:
+        _loop.update(site=site, left=False, waited=0)
+        return True
+    if site != _loop["site"]:
+        _loop["left"] = True
+    elif _loop["left"]:
+        _loop.update(left=False, waited=0)
         sync(pending_storages(), cause="auto_cut")
+        return False
+    _loop["waited"] += 1
+    if _loop["waited"] <= _loop["every"]:
+        return True
+    _loop.update(site=site, left=False, waited=0)
+    sync(pending_storages(), cause="auto_cut")
+    return False
+
+
+# The op and user's line automatic cuts fall before, whether another ran since the count was
+# reached, and how many ops the current cut has waited.
+_loop: dict[str, Any] = {"site": None, "left": False, "waited": 0, "every": 0}
 
 
 def configure_cuts(every: int) -> None:
     """Cut the pending graph automatically after ``every`` new nodes (0: never)."""
+    _loop.update(site=None, left=False, waited=0, every=every)
     _native.configure_cuts(every, _auto_cut)
 
 

@@ -81,7 +81,7 @@ INTERPRET_AFTER: int = max(0, int(os.environ.get("LAZY_INTERPRET_AFTER", "4").st
 # its last barrier (a loop that never calls mark_step()), the next op first dispatches the
 # pending graph, so its memory and compile time stay bounded. A GPT-2 training step records about
 # 300 nodes a layer. 0 turns it off.
-CUT_NODES: int = max(0, int(os.environ.get("LAZY_CUT_NODES", "").strip() or 100_000))
+CUT_NODES: int = max(0, int(os.environ.get("LAZY_CUT_NODES", "").strip() or 20_000))
 
 # Multi-process runs (runtime/processes.py): seconds a process waits for the others to join, and
 # to reach the same execution over several processes' devices, before it raises.

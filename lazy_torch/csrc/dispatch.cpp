@@ -122,7 +122,8 @@ PyObject* call_handler(PyObject* func, PyObject* args, PyObject* kwargs) {
 }
 
 // Automatic graph cuts: once ``cut_every`` nodes were made since the last barrier, the next op
-// calls ``cut_hook`` first (lazy_torch/sync.py), which dispatches the pending graph.
+// calls ``cut_hook(func)`` first (lazy_torch/sync.py), which dispatches the pending graph, or
+// returns True to be asked again before the op after it.
 unsigned long long cut_every = 0, cut_mark = 0;
 PyObject* cut_hook = nullptr;
 
@@ -147,10 +148,12 @@ PyObject* cut_reset(PyObject*, PyObject*) {
 
 // __torch_dispatch__(cls, func, types, args=(), kwargs=None), as a classmethod.
 PyObject* dispatch(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-    if (cut_every && *core->nodes_made - cut_mark >= cut_every) {
+    if (cut_every && nargs > 1 && *core->nodes_made - cut_mark >= cut_every) {
         cut_mark = *core->nodes_made;  // the hook's own ops do not call it again
-        Ref done(PyObject_CallNoArgs(cut_hook));
+        Ref done(PyObject_CallOneArg(cut_hook, argv[1]));  // hook(func)
         if (!done) return nullptr;
+        // True: not here; ask again before the next op (the hook looks for its loop's head).
+        if (done.p == Py_True) cut_mark = *core->nodes_made - cut_every;
     }
     if (nargs < 3 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError, "dispatch(cls, func, types, args=(), kwargs=None)");

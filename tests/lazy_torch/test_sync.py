@@ -135,7 +135,7 @@ def test_the_mark_step_example_runs():
 
 @pytest.fixture
 def cut_every():
-    """Automatic cuts after a few hundred nodes (runtime.config.CUT_NODES is 100,000)."""
+    """Automatic cuts after a few hundred nodes (runtime.config.CUT_NODES is 20,000)."""
 
     def configure(every: int) -> None:
         sync.configure_cuts(every)
@@ -173,3 +173,31 @@ def test_a_cut_never_comes_while_a_barrier_resets_the_count(cut_every):
     for _ in range(100):
         expected = expected * 1.5 - 0.25
     torch.testing.assert_close(x.cpu(), expected)
+
+
+def _evaluate(device: str, batches: list, w: torch.Tensor) -> torch.Tensor:
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    w = w.to(device)
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        logits = torch.relu(x @ w) - 0.5
+        correct += (logits.argmax(-1) == y).sum()
+    return correct
+
+
+def test_cuts_fall_where_the_loop_comes_round_so_its_segments_compile_once(cut_every):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(8, 5, generator=g)
+    batches = [(torch.randn(4, 8, generator=g), torch.randint(0, 5, (4,), generator=g))
+               for _ in range(300)]  # fmt: skip
+    expected = _evaluate("cpu", batches, w)
+    lazy_torch.mark_step()
+    for every in (120, 200):  # several cuts, whatever the count at the loop's head
+        cut_every(every)
+        compiles = lazy_torch.metrics.counters().get("compiles", 0)
+        cuts = lazy_torch.metrics.counters().get("syncs::auto_cut", 0)
+        got = _evaluate("lazy", batches, w)
+        assert torch.equal(got.cpu(), expected)
+        assert lazy_torch.metrics.counters().get("syncs::auto_cut", 0) - cuts >= 5
+        # The first segment, the steady one (every other cut reuses it), the rest at the read.
+        assert lazy_torch.metrics.counters().get("compiles", 0) - compiles <= 3
