@@ -124,11 +124,18 @@ def _trace(fn: Callable, metas: list, device: int, what: str, loop: bool) -> _Tr
     previous, _sync.capture = _sync.capture, _NoSync(what)
     indexing = LazyTensor.__getitem__, LazyTensor.__setitem__
     LazyTensor.__getitem__, LazyTensor.__setitem__ = _getitem, _setitem
+    outer_copies, _copies[:] = list(_copies), []
     try:
         out = fn(*inputs)
+        if any(s.node is not node for s, node in _copies):
+            raise NotImplementedError(
+                f"{what} on lazy tensors: a body writes in place into b[i] indexed by a tensor, "
+                "which in eager writes b; write b[i] = value instead"
+            )
     finally:
         _sync.capture = previous
         LazyTensor.__getitem__, LazyTensor.__setitem__ = indexing
+        _copies[:] = outer_copies
         writes = {i: (s, old, s.node) for i, (s, old) in before.items() if s.node is not old}
         for s, old, _ in writes.values():
             s.set(old)
@@ -170,7 +177,14 @@ def _getitem(self: LazyTensor, index: Any) -> Any:
     found = _tensor_index(index)
     if found is None:
         return torch.Tensor.__getitem__(self, index)
-    return torch.Tensor.__getitem__(self, found).squeeze(0)
+    copy = torch.Tensor.__getitem__(self, found).squeeze(0)
+    _copies.append((copy._lazy.storage, copy._lazy.storage.node))
+    return copy
+
+
+# The copies ``_getitem`` made in the body being traced, with their values: in eager each is a
+# view, so a write into one writes the indexed tensor, which a copy cannot do; ``_trace`` raises.
+_copies: list = []
 
 
 def _setitem(self: LazyTensor, index: Any, value: Any) -> None:

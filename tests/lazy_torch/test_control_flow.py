@@ -152,6 +152,9 @@ def test_bodies_that_sync_draw_random_numbers_or_need_grad_raise_clear_errors():
         with pytest.raises(NotImplementedError, match="random numbers"):
             while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v + torch.rand(3, device="lazy")),
                        (torch.tensor(0, device="lazy"), x))  # fmt: skip
+        with pytest.raises(NotImplementedError, match=r"writes in place into b\[i\]"):
+            while_loop(lambda i: i < 2, lambda i: (x[i].add_(1), i + 1)[1:],
+                       (torch.tensor(0, device="lazy"),))  # fmt: skip
         with pytest.raises(RuntimeError, match="must match"):
             torch.cond(x.sum() > 0, lambda a: a, lambda a: a[:2], (x,))
     w = torch.ones(3, device="lazy", requires_grad=True)
