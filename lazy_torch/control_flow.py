@@ -1,6 +1,6 @@
-"""PyTorch's control-flow operators on lazy tensors: ``torch.cond``, ``while_loop`` and ``scan``
-(``torch._higher_order_ops``) record one node each, lowered to ``lax.cond``, ``lax.while_loop``
-and ``lax.scan`` (runtime/program.py). A lazy predicate or trip count never syncs, and one
+"""PyTorch's control-flow operators on lazy tensors: ``torch.cond``, ``while_loop``, ``scan``
+and ``map`` (``torch._higher_order_ops``) record one node each, lowered to ``lax.cond``,
+``lax.while_loop`` and ``lax.scan`` (runtime/program.py; ``map`` is a scan without a carry). A lazy predicate or trip count never syncs, and one
 compiled program serves every predicate value and trip count.
 
 Each branch or body is traced once per call, on placeholder tensors for its explicit inputs (a
@@ -423,6 +423,10 @@ def _loop_autograd(what: str, impl: Callable) -> Callable:
             if what == "while_loop":  # (cond_fn, body_fn, carried_inputs, additional_inputs)
                 extra = list(args[3])
                 body = (lambda *c: args[1](*c, *extra), _metas(list(args[2])))
+            elif what == "map":  # (f, xs, pos_args)
+                extra = list(args[2])
+                metas = [(tuple(x.shape[1:]), x.dtype) for x in args[1]]
+                body = (lambda *a: args[0](*a, *extra), metas)
             else:  # scan: (combine_fn, init, xs, additional_inputs)
                 extra = list(args[3])
                 metas = _metas(list(args[1])) + [(tuple(x.shape[1:]), x.dtype) for x in args[2]]
@@ -520,6 +524,11 @@ def scan(combine_fn: Callable, init: list, xs: list, additional_inputs: tuple) -
     return pytree.tree_unflatten(results, body.spec)
 
 
+def map_(f: Callable, xs: list, pos_args: list) -> Any:
+    """``torch._higher_order_ops.map``: a ``scan`` without a carry."""
+    return scan(lambda *a: ((), f(*a)), [], list(xs), tuple(pos_args))[1]
+
+
 def _install() -> None:
     """Route eager calls of PyTorch's control-flow operators with lazy tensors straight to the
     operator (module docstring)."""
@@ -542,10 +551,12 @@ def _install() -> None:
 
 def _register() -> None:
     from torch._higher_order_ops.cond import cond_op
+    from torch._higher_order_ops.map import map_impl
     from torch._higher_order_ops.scan import scan_op
     from torch._higher_order_ops.while_loop import while_loop_op
 
-    for op, impl in ((cond_op, cond), (while_loop_op, while_loop), (scan_op, scan)):
+    ops = ((cond_op, cond), (while_loop_op, while_loop), (scan_op, scan), (map_impl, map_))
+    for op, impl in ops:
         if LazyTensor not in op.python_key_table:
             op.py_impl(LazyTensor)(impl)
     autograd = DispatchKey.AutogradLazy
@@ -553,6 +564,7 @@ def _register() -> None:
         cond_op.py_impl(autograd)(_cond_autograd)
         while_loop_op.py_impl(autograd)(_loop_autograd("while_loop", while_loop_op))
         scan_op.py_impl(autograd)(_loop_autograd("scan", scan_op))
+        map_impl.py_impl(autograd)(_loop_autograd("map", map_impl))
     _install()
 
 

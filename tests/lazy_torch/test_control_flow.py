@@ -1,4 +1,4 @@
-"""torch.cond, while_loop and scan on lazy tensors (lazy_torch/control_flow.py) against their
+"""torch.cond, while_loop, scan and map on lazy tensors (lazy_torch/control_flow.py) against their
 eager definitions on CPU: values, no syncs, one compile across predicate values and trip counts,
 writes of enclosing tensors (through views too), runtime checks inside bodies, and clear errors."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._higher_order_ops.map import map as map_
 from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
@@ -196,3 +197,17 @@ def test_the_patched_compile_route_is_still_pytorchs_for_other_tensors():
     out = torch.cond(x.sum() > 0, lambda a: a + 1, lambda a: a - 1, (x,))
     assert out.tolist() == [1.0, 2.0, 3.0]
     assert control_flow.COND == "lazy.cond"
+
+
+@torch.no_grad()
+def test_map_matches_eager_with_extra_arguments():
+    w = torch.arange(3.0)
+    xs = torch.arange(12.0).reshape(4, 3)
+
+    def f(x, y):
+        return {"sum": (x * y + 1).sum(0, keepdim=True), "max": torch.maximum(x, y)}
+
+    expected = [f(x, w) for x in xs]
+    got = map_(f, xs.to("lazy"), w.to("lazy"))
+    for key in ("sum", "max"):
+        assert torch.equal(got[key].cpu(), torch.stack([e[key] for e in expected]))
