@@ -1,7 +1,8 @@
 """PyTorch's control-flow operators on lazy tensors: ``torch.cond``, ``while_loop``, ``scan``
 and ``map`` (``torch._higher_order_ops``) record one node each, lowered to ``lax.cond``,
-``lax.while_loop`` and ``lax.scan`` (runtime/program.py; ``map`` is a scan without a carry). A lazy predicate or trip count never syncs, and one
-compiled program serves every predicate value and trip count.
+``lax.while_loop`` and ``lax.scan`` (runtime/program.py; ``map`` is a scan without a carry).
+A lazy predicate or trip count never syncs, and one compiled program serves every predicate
+value and trip count.
 
 Each branch or body is traced once per call, on placeholder tensors for its explicit inputs (a
 carry, a slice of ``xs``; ``cond``'s operands), into a graph registered with the runtime like a
