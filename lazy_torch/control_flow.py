@@ -51,14 +51,9 @@ from lazy_torch.variants import assign
 COND, WHILE, SCAN = runtime.COND, runtime.WHILE, runtime.SCAN
 
 
-class _Input:
-    """The payload of a placeholder leaf: an explicit input of a body, distinct by identity."""
-
-    __slots__ = ()
-
-
-class _Outer:
-    """The payload of a placeholder leaf standing for a value of the enclosing scope."""
+class _Slot:
+    """The payload of a placeholder leaf (an explicit input of a body, or a value of the
+    enclosing scope it reads), distinct by identity."""
 
     __slots__ = ()
 
@@ -109,7 +104,7 @@ def _metas(values: list) -> list[tuple[tuple[int, ...], torch.dtype]]:
 
 def _placeholders(metas: list[tuple[tuple[int, ...], torch.dtype]], device: int) -> list:
     return [
-        fresh(data_leaf(_Input(), dtype_name(dtype), shape), device, dense_meta(shape, dtype))
+        fresh(data_leaf(_Slot(), dtype_name(dtype), shape), device, dense_meta(shape, dtype))
         for shape, dtype in metas
     ]
 
@@ -202,7 +197,7 @@ def _region(traced: _Traced, roots: list) -> tuple[int, list]:
     def replace(n: Node) -> Node | None:
         if id(n) not in traced.outer:
             return None
-        p = data_leaf(_Outer(), n.dtype, n.shape)
+        p = data_leaf(_Slot(), n.dtype, n.shape)
         stand_in[id(p)] = n
         return p
 
@@ -278,18 +273,27 @@ def _check_same(what: str, a: str, b: str, x: Any, y: Any) -> None:
 # The operators (``py_impl(LazyTensor)`` of PyTorch's higher-order operators).
 
 
-def cond(pred: Any, true_fn: Callable, false_fn: Callable, operands: Any) -> Any:
+def _branches(true_fn: Callable, false_fn: Callable, flat: list, spec: Any, device: int) -> list:
+    """Both branches of a ``cond`` on ``flat`` operands, traced."""
+    return [
+        _trace(lambda *a, fn=fn: fn(*pytree.tree_unflatten(list(a), spec)), _metas(flat),
+               device, "torch.cond", loop=False)
+        for fn in (true_fn, false_fn)
+    ]  # fmt: skip
+
+
+def cond(
+    pred: Any, true_fn: Callable, false_fn: Callable, operands: Any, branches: list | None = None
+) -> Any:
+    """``branches``: both branches traced already (``_cond_autograd``), or None."""
     flat, spec = pytree.tree_flatten(tuple(operands))
     device = _device_of([pred, *flat])
     flat = _on_device(flat, device)
     if not isinstance(pred, torch.Tensor):
         return (true_fn if pred else false_fn)(*pytree.tree_unflatten(flat, spec))
     (pred,) = _on_device([pred], device)
-    branches = [
-        _trace(lambda *a, fn=fn: fn(*pytree.tree_unflatten(list(a), spec)), _metas(flat),
-               device, "torch.cond", loop=False)
-        for fn in (true_fn, false_fn)
-    ]  # fmt: skip
+    if branches is None:
+        branches = _branches(true_fn, false_fn, flat, spec, device)
     t, f = branches
     _check_same("torch.cond", "true_fn's outputs", "false_fn's", t.spec, f.spec)
     _check_same("torch.cond", "true_fn's output shapes and dtypes", "false_fn's", t.metas(),
@@ -327,13 +331,13 @@ class _CondGrad(torch.autograd.Function):
     requires grad is refused (pass it as an operand)."""
 
     @staticmethod
-    def forward(ctx, pred, true_fn, false_fn, specs, *flat):  # type: ignore[override]
-        ctx.fns, ctx.spec = (true_fn, false_fn), specs[0]
+    def forward(ctx, pred, true_fn, false_fn, info, *flat):  # type: ignore[override]
+        ctx.fns, ctx.spec = (true_fn, false_fn), info["spec"]
         ctx.save_for_backward(pred, *flat)
+        operands = pytree.tree_unflatten(list(flat), ctx.spec)
         with torch._C._AutoDispatchBelowAutograd():
-            out = cond(pred, true_fn, false_fn, pytree.tree_unflatten(list(flat), ctx.spec))
-        flat_out, out_spec = pytree.tree_flatten(out)
-        specs.append(out_spec)  # for the caller, which rebuilds the result
+            out = cond(pred, true_fn, false_fn, operands, info["branches"])
+        flat_out, info["out_spec"] = pytree.tree_flatten(out)  # for the caller, to rebuild it
         return tuple(flat_out)
 
     @staticmethod
@@ -369,17 +373,17 @@ class _CondGrad(torch.autograd.Function):
         return (None, None, None, None, *out)
 
 
-def _grad_free_bodies(what: str, bodies: list[tuple[Callable, list]], device: int) -> None:
-    """Raise where a body (``fn`` on placeholders of ``metas``) reads a tensor of the enclosing
-    scope that requires grad: its gradient would be lost without a word."""
-    for fn, metas in bodies:
-        traced = _trace(fn, metas, device, what, loop=what != "torch.cond")
+def _grad_free(what: str, bodies: list[_Traced]) -> list[_Traced]:
+    """``bodies`` (traced with grad enabled), after raising where one reads a tensor of the
+    enclosing scope that requires grad: its gradient would be lost without a word."""
+    for traced in bodies:
         if any(v.requires_grad for v in traced.results):
             raise NotImplementedError(
                 f"{what} on lazy tensors: a body reads a tensor of the enclosing scope that "
                 "requires grad (a parameter, say); pass it as an operand"
                 + ("" if what == "torch.cond" else ", under torch.no_grad()")
             )
+    return bodies
 
 
 def _cond_autograd(pred: Any, true_fn: Callable, false_fn: Callable, operands: Any) -> Any:
@@ -393,19 +397,16 @@ def _cond_autograd(pred: Any, true_fn: Callable, false_fn: Callable, operands: A
         raise TypeError("torch.cond on lazy tensors with grad enabled takes tensor operands only")
     device = _device_of([pred, *flat])
     flat = _on_device(flat, device)
-    metas = _metas(flat)
-    bodies = [(lambda *a, fn=fn: fn(*pytree.tree_unflatten(list(a), spec)), metas)
-              for fn in (true_fn, false_fn)]  # fmt: skip
-    _grad_free_bodies("torch.cond", bodies, device)
+    branches = _grad_free("torch.cond", _branches(true_fn, false_fn, flat, spec, device))
     if not isinstance(pred, torch.Tensor):
         return (true_fn if pred else false_fn)(*pytree.tree_unflatten(flat, spec))
     if not any(v.requires_grad for v in flat):
         with torch._C._AutoDispatchBelowAutograd():
-            return cond(pred, true_fn, false_fn, operands)
+            return cond(pred, true_fn, false_fn, operands, branches)
     (pred,) = _on_device([pred], device)
-    specs = [spec]
-    out = _CondGrad.apply(pred, true_fn, false_fn, specs, *flat)
-    return pytree.tree_unflatten(list(out), specs[1])
+    info = {"spec": spec, "branches": branches}
+    out = _CondGrad.apply(pred, true_fn, false_fn, info, *flat)
+    return pytree.tree_unflatten(list(out), info["out_spec"])
 
 
 def _loop_autograd(what: str, impl: Callable) -> Callable:
@@ -432,7 +433,7 @@ def _loop_autograd(what: str, impl: Callable) -> Callable:
                 extra = list(args[3])
                 metas = _metas(list(args[1])) + [(tuple(x.shape[1:]), x.dtype) for x in args[2]]
                 body = (lambda *a: args[0](*a, *extra), metas)
-            _grad_free_bodies(what, [body], device)
+            _grad_free(what, [_trace(*body, device, what, loop=True)])
         with torch._C._AutoDispatchBelowAutograd():
             return impl(*args)
 
