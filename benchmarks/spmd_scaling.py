@@ -2,7 +2,7 @@
 (examples/train_gpt2_spmd.py, one process per run), side by side with PyTorch DDP over NCCL.
 
 PYTHONPATH=. python benchmarks/spmd_scaling.py [--size tiny|124m] [--amp bf16] [--batch 4]
-    [--steps 10] [--devices 1,2,4] [--ddp]
+    [--steps 10] [--devices 1,2,4] [--ddp] [--runs plain,dp,fsdp,ddp]
 
 Prints, per run: tokens/s per device, its ratio to the same backend on one device (the scaling
 efficiency; "plain" is one device without a mesh, against which "dp x1" shows what a mesh
@@ -117,12 +117,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--devices", default="1,2,4", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--ddp", action="store_true", help="add PyTorch DDP over NCCL (CUDA)")
+    parser.add_argument(
+        "--runs", default="plain,dp,fsdp,ddp", help="which of plain,dp,fsdp,ddp to run"
+    )
     args = parser.parse_args()
+    kinds = set(args.runs.split(","))
 
-    runs = [lambda: lazy_run("plain", 1, args)]  # one device without a mesh
-    runs += [lambda k=k: lazy_run("dp", k, args) for k in args.devices]
-    runs.append(lambda: lazy_run("fsdp", max(args.devices), args))
-    if args.ddp:
+    runs = [lambda: lazy_run("plain", 1, args)] if "plain" in kinds else []  # no mesh
+    runs += [lambda k=k: lazy_run("dp", k, args) for k in args.devices if "dp" in kinds]
+    if "fsdp" in kinds:
+        runs.append(lambda: lazy_run("fsdp", max(args.devices), args))
+    if args.ddp and "ddp" in kinds:
         runs += [lambda k=k: ddp_run(k, args) for k in args.devices]
     rows = []
     for run in runs:
