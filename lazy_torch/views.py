@@ -14,7 +14,7 @@ import torch
 
 from lazy_core import NotWritable, ViewStep
 from lazy_core import window as _window
-from lazy_core.ir import operand
+from lazy_core.ir import Node, Operand, operand
 from lazy_torch._dtypes import dtype_name
 
 aten = torch.ops.aten
@@ -50,7 +50,7 @@ def _step(
     write can go by address (``write``)."""
     # A ``*_scatter`` write-back takes (parent, value, ...); a reshaping one only (value, ...).
     inputs = (_PARENT, _VALUE) if inverse_op and "scatter" in inverse_op else (_VALUE,)
-    return ViewStep(
+    return _STEP_TYPES.get(op, ViewStep)(
         op,
         ((_PARENT,) + rest, ()),
         dtype_name(out[3]),
@@ -60,6 +60,92 @@ def _step(
         error,
         parent if inverse_op is None else None,
     )
+
+
+class _Slice(ViewStep):
+    """``aten.slice``. A range that lies within one operand of a pending ``cat`` along the same
+    dimension is read from that operand: a sequence grown by ``torch.cat`` every step and read
+    at its end (``ids[:, -1:]``) then reads the last step's tokens, not the whole sequence, so
+    the graph that reads them keeps its shapes while the sequence grows (issue 34)."""
+
+    __slots__ = ()
+
+    def access(self, parent: Node) -> Node:
+        dim, start, end, step = self.arg[0][1:]
+        size = _cat_size(parent, dim)
+        plain = all(v is None or type(v) is int for v in (start, end))
+        if size is not None and plain and type(step) is int and step > 0:
+            start = _bound(0 if start is None else start, size)
+            end = _bound(size if end is None else end, size)
+            found = _cat_operand(parent, dim, start, end) if start < end else None
+            if found is not None:
+                piece, offset, dim = found
+                arg = ((_PARENT, dim, start - offset, end - offset, step), ())
+                return Node(self.op, (piece,), arg, self.dtype, self.shape)
+        return Node(self.op, (parent,), self.arg, self.dtype, self.shape)
+
+
+class _Select(ViewStep):
+    """``aten.select``, read from the one operand of a pending ``cat`` that holds the index, as
+    ``_Slice`` is."""
+
+    __slots__ = ()
+
+    def access(self, parent: Node) -> Node:
+        dim, index = self.arg[0][1:]
+        size = _cat_size(parent, dim)
+        if size is not None and type(index) is int and -size <= index < size:
+            index %= size
+            found = _cat_operand(parent, dim, index, index + 1)
+            if found is not None:
+                piece, offset, dim = found
+                arg = ((_PARENT, dim, index - offset), ())
+                return Node(self.op, (piece,), arg, self.dtype, self.shape)
+        return Node(self.op, (parent,), self.arg, self.dtype, self.shape)
+
+
+_CAT = "aten.cat.default"
+
+
+def _cat_size(parent: Node, dim: Any) -> int | None:
+    """The size of dimension ``dim`` of ``parent`` when it is a pending cat along ``dim``
+    (given by position, as the cat handler records it); None otherwise."""
+    if parent.op != _CAT or type(dim) is not int or parent.num_outputs != 1:
+        return None
+    (args, kwargs), rank = parent.arg, len(parent.shape)
+    if kwargs or not -rank <= dim < rank:
+        return None
+    along = args[1] if len(args) > 1 else 0
+    if type(along) is not int or along % rank != dim % rank:
+        return None
+    return parent.shape[dim]
+
+
+def _cat_operand(parent: Node, dim: int, start: int, end: int) -> tuple[Node, int, int] | None:
+    """The operand of the cat ``parent`` that holds elements ``[start, end)`` of its dimension
+    ``dim``, where that operand starts, and ``dim`` counted from 0; None where the range crosses
+    operands or an operand differs in rank or dtype (an operand promoted by the cat)."""
+    dim %= len(parent.shape)
+    offset = 0
+    for marker in parent.arg[0][0]:
+        if type(marker) is not Operand:
+            return None
+        piece = parent.src[marker.i]
+        if len(piece.shape) != len(parent.shape) or piece.dtype != parent.dtype:
+            return None
+        size = piece.shape[dim]
+        if offset <= start and end <= offset + size:
+            return piece, offset, dim
+        offset += size
+    return None
+
+
+def _bound(i: int, size: int) -> int:
+    """A slice bound counted from 0 and clamped to ``[0, size]``, as eager's slice does."""
+    return min(max(i + size if i < 0 else i, 0), size)
+
+
+_STEP_TYPES = {"aten.slice.Tensor": _Slice, "aten.select.int": _Select}
 
 
 def _args(args: tuple, kwargs: dict, names: Sequence[str], defaults: Sequence[Any]) -> tuple:

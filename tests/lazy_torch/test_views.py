@@ -303,3 +303,74 @@ def test_unsafe_view_shares_its_input_storage():
         return x, y
 
     _check(program)
+
+
+CAT_READS = [
+    # (operand shapes, cat dim, view)
+    ([(2, 3), (2, 1)], -1, lambda c: c[:, -1:]),
+    ([(2, 3), (2, 1)], 1, lambda c: c[:, -1]),
+    ([(2, 3), (2, 2)], 1, lambda c: c[:, 3:5]),
+    ([(2, 3), (2, 2)], 1, lambda c: c[:, 2:4]),  # crosses the operands
+    ([(2, 3), (2, 2)], 1, lambda c: c[:, 1:]),  # crosses
+    ([(2, 3), (2, 2)], 1, lambda c: c[:, ::2]),  # crosses
+    ([(2, 3), (2, 4)], 1, lambda c: c[:, 4:7:2]),
+    ([(2, 3), (2, 4)], 1, lambda c: c[:, -2:100]),
+    ([(2, 3), (2, 4)], 1, lambda c: c[:, 5:3]),  # empty
+    ([(3, 2), (1, 2), (2, 2)], 0, lambda c: c[3:5]),
+    ([(3, 2), (1, 2), (2, 2)], 0, lambda c: c[3]),
+    ([(3, 2), (1, 2), (2, 2)], 0, lambda c: c[-3]),
+    ([(3, 2), (1, 2), (2, 2)], 0, lambda c: c.narrow(0, 0, 3)),
+    ([(3, 2), (1, 2), (2, 2)], 0, lambda c: c.split([3, 1, 2])),
+    ([(3, 2), (1, 2)], 0, lambda c: c[:, -1:]),  # another dimension than the cat's
+    ([(2, 3), (2, 1)], 1, lambda c: c[:, -1:][:, 0]),
+]
+
+
+@pytest.mark.parametrize("shapes,dim,view", CAT_READS)
+def test_reads_of_a_cat_match_eager(shapes, dim, view):
+    def program(dev):
+        parts = [
+            dev(torch.arange(torch.Size(s).numel()).reshape(s) + 100 * i)
+            for i, s in enumerate(shapes)
+        ]
+        out = view(torch.cat(parts, dim))
+        return tuple(out) if isinstance(out, (tuple, list)) else out
+
+    _check(program)
+
+
+def test_cat_reads_with_promotion_a_legacy_empty_operand_and_writes_match_eager():
+    def program(dev):
+        a, b = dev(torch.arange(6).reshape(2, 3)), dev(torch.tensor([[7], [8]], dtype=torch.int32))
+        promoted = torch.cat([a, b], 1)[:, -1:]  # b's values as int64
+        legacy = torch.cat([dev(torch.arange(4.0)), dev(torch.empty(0))])[2:]
+        c = torch.cat([a, a.clone()], 1)
+        v = c[:, 4:6]
+        v.add_(10)  # writes c, not a's clone
+        w = c[:, 4:]  # read after the write
+        return promoted, legacy, c, v, w, a
+
+    _check(program)
+
+
+def test_a_sequence_grown_by_cat_and_read_at_its_end_compiles_once():
+    # As transformers' generate() does: each step reads the last column of the sequence, appends
+    # one, and syncs a flag. The sync's graph reads the last step's column only.
+    def run(dev):
+        ids = dev(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+        flags = []
+        for _ in range(6):
+            last = ids[:, -1:]
+            ids = torch.cat([ids, (last * 3 + 1) % 17], dim=-1)
+            flags.append(bool((ids[:, -1] == 0).all()))
+        return ids, flags
+
+    expected, expected_flags = run(lambda t: t)
+    lazy_torch.metrics.reset()
+    got, flags = run(lambda t: t.to("lazy"))
+    counters = lazy_torch.metrics.counters()
+    assert flags == expected_flags
+    assert_same_tensor(got, expected)
+    # The first step reads the prompt itself; the rest reuse one graph, and the final read of
+    # the whole sequence compiles once.
+    assert counters["compiles"] <= 3, counters
