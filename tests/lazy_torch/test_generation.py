@@ -77,3 +77,24 @@ def test_bucket_lengths_and_bad_input():
         lazy_torch.generate(_model().to("lazy"), torch.ones(1, 100, dtype=torch.long), 40)
     with pytest.raises(ValueError, match=r"\(batch, length\)"):
         lazy_torch.generate(_model().to("lazy"), torch.ones(5, dtype=torch.long), 4)
+
+
+def test_transformers_generate_with_a_static_cache_compiles_as_many_graphs_for_any_length():
+    # transformers' own loop: the stopping criteria and the next step's input read the growing
+    # sequence's last column only (lazy_torch/views.py), so only its first steps differ.
+    import runtime
+
+    model, lazy = _model(), _model().to("lazy")
+    prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(3))
+    compiles = []
+    for tokens in (6, 17):
+        kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, cache_implementation="static")
+        with torch.no_grad():
+            expected = model.generate(prompt, **kwargs)
+            runtime.executor.drop_cache()
+            before, syncs = _count("compiles"), _count("syncs::")
+            got = lazy.generate(prompt.to("lazy"), **kwargs).cpu()
+        compiles.append(_count("compiles") - before)
+        assert torch.equal(got, expected)
+        assert _count("syncs::") - syncs <= tokens + 8  # one a token, and the input checks'
+    assert compiles[0] == compiles[1] <= 12, compiles
