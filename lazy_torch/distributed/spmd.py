@@ -206,7 +206,15 @@ def fsdp(module: torch.nn.Module, mesh: Mesh, axis: str = "fsdp") -> torch.nn.Mo
     """Shard every parameter of ``module`` over mesh axis ``axis`` along its first dimension
     that divides, and replicate the rest (buffers, parameters with no such dimension) on the
     mesh. Optimizer state made from the parameters afterwards takes their layout. Returns
-    ``module``."""
+    ``module``.
+
+    As in ZeRO-3, a submodule's forward computes with its parameters gathered: a forward
+    pre-hook gives it, under each sharded parameter's name, the parameter constrained to be
+    whole on every device, whose gradient is constrained back to the parameter's layout (a
+    reduce-scatter). Without that the partitioner may split the computation along the
+    parameters' dimensions instead of the batch's and move the activations between devices
+    (on 4 H100s, GPT-2 124M's peak memory per device was 2.5 times data parallelism's). Each
+    gradient, once accumulated, is laid out as its parameter."""
     ways = mesh.shape().get(axis)
     if ways is None:
         raise ValueError(f"unknown mesh axis {axis!r}: the mesh has {mesh.axis_names}")
@@ -216,7 +224,59 @@ def fsdp(module: torch.nn.Module, mesh: Mesh, axis: str = "fsdp") -> torch.nn.Mo
         if dims:
             spec[dims[0]] = axis
         mark_sharding(p, mesh, spec)
+        if p.requires_grad and not hasattr(p, "_lazy_grad_layout"):
+            p.register_post_accumulate_grad_hook(_lay_out_grad)
+            p._lazy_grad_layout = True
     for b in module.buffers():
         if isinstance(b, LazyTensor):
             mark_sharding(b, mesh, [None] * b.dim())
+    for m in module.modules():
+        sharded = [
+            name
+            for name, p in m.named_parameters(recurse=False)
+            if isinstance(p, LazyTensor)
+            and any(e is not None for e in p._lazy.storage.placement[1])
+        ]
+        if sharded and not hasattr(m, "_lazy_gathered"):
+            m._lazy_gathered = (mesh, tuple(sharded))
+            m.register_forward_pre_hook(_gather_parameters)
+            m.register_forward_hook(_release_parameters, always_call=True)
     return module
+
+
+def _gather_parameters(module: torch.nn.Module, args: Any) -> None:
+    mesh, names = module._lazy_gathered
+    for name in names:
+        p = module._parameters.get(name)
+        if isinstance(p, LazyTensor):
+            module.__dict__[name] = _Gathered.apply(p, mesh)  # found before _parameters
+
+
+def _lay_out_grad(p: torch.Tensor) -> None:
+    """Give ``p.grad`` its parameter's layout (what a gradient summed over two uses of a tied
+    parameter would otherwise take from XLA)."""
+    where, grad = p._lazy.storage.placement, p.grad
+    if not isinstance(grad, LazyTensor) or where is None:
+        return
+    if grad._lazy.steps or tuple(grad._lazy.storage.node.shape) != tuple(grad.shape):
+        grad = p.grad = grad.clone()  # a view (of a bias's summed gradient): a layout is whole's
+    mark_sharding(grad, _meshes[where[0]], where[1])
+
+
+def _release_parameters(module: torch.nn.Module, args: Any, output: Any) -> None:
+    for name in module._lazy_gathered[1]:
+        module.__dict__.pop(name, None)
+
+
+class _Gathered(torch.autograd.Function):
+    """A sharded parameter whole on every device of ``mesh``; its gradient in the parameter's
+    layout."""
+
+    @staticmethod
+    def forward(ctx: Any, p: torch.Tensor, mesh: Mesh) -> torch.Tensor:
+        ctx.mesh, ctx.spec = mesh, p._lazy.storage.placement[1]
+        return mark_sharding(p.detach().clone(), mesh, [None] * p.dim())
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return mark_sharding(grad.clone(), ctx.mesh, ctx.spec), None
