@@ -139,17 +139,22 @@ def test_fsdp_training_equals_one_device_with_parameters_and_optimizer_state_sha
     assert "all-gather" in _collectives(executor.executable_texts()[-1])
 
 
-@pytest.mark.slow
-def test_gpt2_trains_data_parallel_and_fsdp_as_on_one_device():
+def _gpt2(vocab: int, length: int, width: int, heads: int, steps: int) -> tuple[nn.Module, list]:
+    """A 2-layer GPT-2 without dropout, and ``steps`` batches of 8 sequences of ``length``."""
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(
-        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+        vocab_size=vocab, n_positions=length, n_embd=width, n_layer=2, n_head=heads,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
     g = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, 64, (8, 16), generator=g) for _ in range(STEPS)]
+    batches = [torch.randint(0, vocab, (8, length), generator=g) for _ in range(steps)]
+    return transformers.GPT2LMHeadModel(config), batches
+
+
+@pytest.mark.slow
+def test_gpt2_trains_data_parallel_and_fsdp_as_on_one_device():
+    model, batches = _gpt2(vocab=64, length=16, width=32, heads=2, steps=STEPS)
 
     def loss_fn(m, ids):
         return m(input_ids=ids, labels=ids).loss
@@ -172,15 +177,7 @@ def test_fsdp_computes_with_gathered_parameters_and_needs_no_more_memory_than_da
     # Its vocabulary (1001) does not divide, so the embedding splits along its width: without
     # gathering, XLA's partitioner split the computation that way and moved activations between
     # devices (all-to-all), and the step's temporaries were 2.7 times data parallelism's.
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        vocab_size=1001, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
-    g = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, 1001, (8, 64), generator=g) for _ in range(3)]
+    model, batches = _gpt2(vocab=1001, length=64, width=64, heads=4, steps=3)
     mesh = Mesh(range(N), (N,), ("data",))
     temporaries, losses = {}, {}
     for mode in ("dp", "fsdp"):
