@@ -212,8 +212,8 @@ def fsdp(module: torch.nn.Module, mesh: Mesh, axis: str = "fsdp") -> torch.nn.Mo
     pre-hook gives it, under each sharded parameter's name, the parameter constrained to be
     whole on every device, whose gradient is constrained back to the parameter's layout (a
     reduce-scatter). Without that the partitioner may split the computation along the
-    parameters' dimensions instead of the batch's and move the activations between devices
-    (on 4 H100s, GPT-2 124M's peak memory per device was 2.5 times data parallelism's). Each
+    parameters' dimensions instead of the batch's and move the activations between devices,
+    at a cost in memory and time (benchmarks/RESULTS.md, "GPT-2 124M bf16 on 4 H100s"). Each
     gradient, once accumulated, is laid out as its parameter."""
     ways = mesh.shape().get(axis)
     if ways is None:
