@@ -71,17 +71,18 @@ class _Slice(ViewStep):
     __slots__ = ()
 
     def access(self, parent: Node) -> Node:
-        dim, start, end, step = self.arg[0][1:]
-        size = _cat_size(parent, dim)
-        plain = all(v is None or type(v) is int for v in (start, end))
-        if size is not None and plain and type(step) is int and step > 0:
-            start = _bound(0 if start is None else start, size)
-            end = _bound(size if end is None else end, size)
-            found = _cat_operand(parent, dim, start, end) if start < end else None
-            if found is not None:
-                piece, offset, dim = found
-                arg = ((_PARENT, dim, start - offset, end - offset, step), ())
-                return Node(self.op, (piece,), arg, self.dtype, self.shape)
+        if parent.op == _CAT:  # the one test every slice read pays
+            dim, start, end, step = self.arg[0][1:]
+            size = _cat_size(parent, dim)
+            plain = all(v is None or type(v) is int for v in (start, end))
+            if size is not None and plain and type(step) is int and step > 0:
+                start = _bound(0 if start is None else start, size)
+                end = _bound(size if end is None else end, size)
+                found = _cat_operand(parent, dim, start, end) if start < end else None
+                if found is not None:
+                    piece, offset, dim = found
+                    arg = ((_PARENT, dim, start - offset, end - offset, step), ())
+                    return Node(self.op, (piece,), arg, self.dtype, self.shape)
         return Node(self.op, (parent,), self.arg, self.dtype, self.shape)
 
 
@@ -92,15 +93,16 @@ class _Select(ViewStep):
     __slots__ = ()
 
     def access(self, parent: Node) -> Node:
-        dim, index = self.arg[0][1:]
-        size = _cat_size(parent, dim)
-        if size is not None and type(index) is int and -size <= index < size:
-            index %= size
-            found = _cat_operand(parent, dim, index, index + 1)
-            if found is not None:
-                piece, offset, dim = found
-                arg = ((_PARENT, dim, index - offset), ())
-                return Node(self.op, (piece,), arg, self.dtype, self.shape)
+        if parent.op == _CAT:
+            dim, index = self.arg[0][1:]
+            size = _cat_size(parent, dim)
+            if size is not None and type(index) is int and -size <= index < size:
+                index %= size
+                found = _cat_operand(parent, dim, index, index + 1)
+                if found is not None:
+                    piece, offset, dim = found
+                    arg = ((_PARENT, dim, index - offset), ())
+                    return Node(self.op, (piece,), arg, self.dtype, self.shape)
         return Node(self.op, (parent,), self.arg, self.dtype, self.shape)
 
 
@@ -108,9 +110,9 @@ _CAT = "aten.cat.default"
 
 
 def _cat_size(parent: Node, dim: Any) -> int | None:
-    """The size of dimension ``dim`` of ``parent`` when it is a pending cat along ``dim``
-    (given by position, as the cat handler records it); None otherwise."""
-    if parent.op != _CAT or type(dim) is not int or parent.num_outputs != 1:
+    """The size of dimension ``dim`` of ``parent``, a pending cat, when it concatenates along
+    ``dim`` (given by position, as the cat handler records it); None otherwise."""
+    if type(dim) is not int or parent.num_outputs != 1:
         return None
     (args, kwargs), rank = parent.arg, len(parent.shape)
     if kwargs or not -rank <= dim < rank:
