@@ -161,9 +161,8 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence[Any]) ->
     """
     if not isinstance(t, LazyTensor):
         raise TypeError(f"mark_sharding takes a lazy tensor, not one on {t.device}")
-    view = t._lazy
-    storage = view.storage
-    if view.steps or tuple(storage.node.shape) != tuple(t.shape):
+    storage = t._lazy.storage
+    if not _whole(t):
         raise ValueError(
             "mark_sharding lays out a whole tensor, not a view of one: mark the tensor it views"
         )
@@ -176,6 +175,11 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence[Any]) ->
         storage.set(data_leaf(buffer, node.dtype, tuple(node.shape)))
     storage.placement = where
     return t
+
+
+def _whole(t: LazyTensor) -> bool:
+    """Whether ``t`` is its storage's whole value, not a view of it (a layout is a storage's)."""
+    return not t._lazy.steps and tuple(t._lazy.storage.node.shape) == tuple(t.shape)
 
 
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
@@ -258,8 +262,8 @@ def _lay_out_grad(p: torch.Tensor) -> None:
     where, grad = p._lazy.storage.placement, p.grad
     if not isinstance(grad, LazyTensor) or where is None:
         return
-    if grad._lazy.steps or tuple(grad._lazy.storage.node.shape) != tuple(grad.shape):
-        grad = p.grad = grad.clone()  # a view (of a bias's summed gradient): a layout is whole's
+    if not _whole(grad):
+        grad = p.grad = grad.clone()  # a view (of a bias's summed gradient)
     mark_sharding(grad, _meshes[where[0]], where[1])
 
 
