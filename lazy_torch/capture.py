@@ -24,6 +24,7 @@ the cause and the user's line.
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,7 +35,7 @@ import runtime
 from lazy_core import Node, cut_graph, data_leaf, digest, getitem, live_storages
 from lazy_core.ir import GETITEM
 from lazy_core.rebase import substituted
-from lazy_torch import results, step_state
+from lazy_torch import guards, results, step_state
 from lazy_torch import rng as _rng
 from lazy_torch import sync as _sync
 from lazy_torch._dtypes import torch_dtype
@@ -66,7 +67,6 @@ def compile_session() -> Iterator[None]:
         yield
     finally:
         compiler._is_compiling_flag = before
-
 
 
 class _Slot:
@@ -183,10 +183,11 @@ class _Capture:
         ]
         return None
 
-    def replay(self, tensors: list[LazyTensor]) -> Any:
-        """The outputs of a call whose tensor arguments are ``tensors`` (flat), or a ``Miss``
-        (before any effect) where a compiled step's paths or host reads differ from the
+    def replay(self, flat: list) -> Any:
+        """The outputs of a call whose argument leaves are ``flat`` (``guards.arguments``), or a
+        ``Miss`` (before any effect) where a compiled step's paths or host reads differ from the
         capture's."""
+        tensors = [v for v in flat if type(v) is LazyTensor]
         step = self.step
         if step is not None:
             why = step.check()
@@ -236,7 +237,7 @@ class _Capture:
             setattr(module, name, outs[k])
         if step is not None:
             step.set_grads(outs)
-        return results.unflatten(self.out_spec, outs)
+        return results.unflatten(self.out_spec, outs, flat)
 
     def prepare(self) -> None:
         """Sort the forward node's operands by how a replay gets them: fixed ones in a
@@ -380,6 +381,7 @@ def capture_call(
     fn: Callable,
     args: tuple,
     kwargs: dict,
+    flat_in: list,
     owned: dict[int, LazyTensor],
     device: int,
     modules: list[torch.nn.Module],
@@ -387,10 +389,11 @@ def capture_call(
     function: bool,
 ) -> tuple[Any, _Capture | str, bool]:
     """Run ``fn(*args, **kwargs)`` op by op, watched; its result, the capture (or why there is
-    none), and whether it synced. ``owned`` maps storage ids to the tensors owning them
-    (parameters, buffers), ``modules`` lists the submodules whose attributes the call may set
-    (side_effects.py). A ``function``'s call may also run a backward and step optimizers
-    (step_state.py).
+    none), and whether it synced. ``flat_in`` holds the argument leaves (``guards.arguments``:
+    the tensors inside objects given too, which a replay reads as arguments), ``owned`` maps
+    storage ids to the tensors owning them (parameters, buffers), ``modules`` lists the
+    submodules whose attributes the call may set (side_effects.py). A ``function``'s call may
+    also run a backward and step optimizers (step_state.py).
 
     With ``session``, the call runs in a compile session (``torch.compiler.is_compiling()``
     True), where libraries take their traceable paths: transformers then builds its attention
@@ -398,8 +401,8 @@ def capture_call(
     after a call synced: the mask it builds makes attention slower than sdpa's ``is_causal``
     path, which a model that never syncs keeps (figures: benchmarks/RESULTS.md, "Capture and
     replay")."""
-    flat_in, _ = pytree.tree_flatten((args, kwargs))
     tensors = [t for t in flat_in if isinstance(t, LazyTensor)]
+    given = _given(args, kwargs)
     watch = _Watch(device)
     effects = Effects(modules)
     snapshot = step_state.Snapshot() if function else None
@@ -409,13 +412,35 @@ def capture_call(
     why = watch.broken()
     if why is not None:
         return result, why, watch.synced
-    why = host.why
+    why = host.why or _changed_given(given, _given(args, kwargs))
     if why is None and snapshot is not None:
         why = snapshot.changed() or changed_attribute(host.steps.attributes)
     if why is not None:
         return result, why, False
-    result, capture = _captured(result, watch, effects, host, snapshot, tensors, owned)
+    objects = {id(v): k for k, v in enumerate(flat_in) if guards.opened(v)}
+    result, capture = _captured(result, watch, effects, host, snapshot, tensors, owned, objects)
     return result, capture, False
+
+
+def _given(args: tuple, kwargs: dict) -> tuple[tuple, list]:
+    """What a call is given, to see whether it changed it: the guards of its argument leaves
+    (``guards.arguments``: the objects it is given, read through), and every one of them
+    that is not a plain value, by identity."""
+    flat, described = guards.arguments(pytree.tree_leaves((args, kwargs)), [])
+    return described, [v for v in flat if type(v) not in guards.PLAIN]
+
+
+def _changed_given(before: tuple, after: tuple) -> str | None:
+    """Why a call cannot be replayed if it changed an object it was given (set an attribute,
+    put another tensor in it): a replay would not. Writes into the tensors themselves are
+    replayed (they are arguments)."""
+    (old, old_leaves), (new, new_leaves) = before, after
+    if old == new and all(map(operator.is_, old_leaves, new_leaves)):
+        return None
+    return (
+        "it changes an object it is given (sets an attribute, or puts another tensor in it), "
+        "which a replay would not"
+    )
 
 
 def _captured(
@@ -426,13 +451,16 @@ def _captured(
     snapshot: step_state.Snapshot | None,
     tensors: list[LazyTensor],
     owned: dict[int, LazyTensor],
+    objects: dict[int, int],
 ) -> tuple[Any, _Capture | str]:
-    """The capture of a watched call that did not sync, or why there is none."""
+    """The capture of a watched call that did not sync, or why there is none. ``objects``
+    maps the objects given, read through (``guards.arguments``), to their argument leaves:
+    a result holding one returns the one each replay is given."""
     device = watch.device
     capture = _Capture(device)
     capture.draws = watch.rng.draws
     try:
-        flat_out, capture.out_spec = results.flatten(result)
+        flat_out, capture.out_spec = results.flatten(result, objects)
     except results.Unrebuildable as e:
         return result, str(e)
     outs = list(enumerate(flat_out))

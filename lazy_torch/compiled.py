@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 import runtime
 from lazy_torch import step_state
 from lazy_torch.capture import CAPTURE_LIMIT, EAGER, SESSION, Miss, capture_call
-from lazy_torch.guards import ModuleSet, aliasing, describe, state
+from lazy_torch.guards import ModuleSet, aliasing, arguments, state
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor
 
@@ -90,9 +90,9 @@ class _Compiled:
             self._read_module()
         if module is not None and self._hooked():
             return self._op_by_op(call, args, kwargs, "the module has hooks")
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        top, spec = pytree.tree_flatten((args, kwargs))
         keep: list = []
-        described = tuple([describe(v, keep) for v in flat])
+        flat, described = arguments(top, keep)
         guards = (("arguments", spec, described, aliasing(flat)), *state())
         if module is not None:
             guards += self._module_guards()
@@ -108,7 +108,7 @@ class _Compiled:
         self.last = guards  # a recapture names what changed since the previous call
         if entry[0] is EAGER:
             return call(*args, **kwargs)
-        result = entry[0].replay([v for v in flat if type(v) is LazyTensor])
+        result = entry[0].replay(flat)
         if type(result) is Miss:  # a compiled step's optimizer or gradients changed
             result, capture = self._capture(call, args, kwargs, guards, flat, False, result.why)
             self._keep(guards, capture, entry[1])
@@ -150,7 +150,7 @@ class _Compiled:
             why = f"it was captured {CAPTURE_LIMIT} times"
             return self._op_by_op(call, args, kwargs, why), EAGER
         if any(isinstance(v, torch.Tensor) and type(v) is not LazyTensor for v in flat):
-            why = "an argument is not on the lazy device"
+            why = "an argument, or a tensor inside one, is not on the lazy device"
             return self._op_by_op(call, args, kwargs, why), EAGER
         runtime.metrics.count("captures")
         why = missed or self._changed(guards)
@@ -163,7 +163,7 @@ class _Compiled:
         modules = self.modules if self.module is not None else []
         function = self.module is None
         result, capture, synced = capture_call(
-            call, args, kwargs, owned, devices[0], modules, session, function
+            call, args, kwargs, flat, owned, devices[0], modules, session, function
         )
         if synced and not session:
             return result, SESSION

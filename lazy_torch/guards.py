@@ -5,8 +5,10 @@ no other object takes their ids."""
 
 from __future__ import annotations
 
+import functools
 import operator
 import struct
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,13 +18,19 @@ from lazy_torch import amp
 from lazy_torch.tensor import LazyTensor, extension
 
 PLAIN = (int, float, bool, str, type(None))
+_DEPTH = 8  # objects inside objects that ``arguments`` reads through
+# Shared by nature, never a container of a call's data: guarded by identity.
+_IDENTITY = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+             types.ModuleType, functools.partial)  # fmt: skip
 _TRAINING = operator.attrgetter("training")
 
 
 def describe(v: Any, keep: list) -> Any:
     """``v`` as a guard: type-exact (8 and 8.0, True and 1, 0.0 and -0.0 differ); a lazy tensor
-    by its layout, gradient flag, device, storage shape and view steps; any other object by its
-    identity, appended to ``keep`` (held with the capture, so no other object takes its id)."""
+    by its layout, gradient flag, device, storage shape and view steps; another tensor by its
+    dtype, shape and device (a call given one is never captured: ``_Compiled._capture``); any
+    other object by its identity, appended to ``keep`` (held with the capture, so no other object
+    takes its id)."""
     t = type(v)
     if t is LazyTensor:
         view = v._lazy
@@ -33,8 +41,70 @@ def describe(v: Any, keep: list) -> Any:
         return (float, v.hex())
     if v is None or t in (bool, int, str, torch.dtype, torch.device):
         return (t, v)
+    if isinstance(v, torch.Tensor):  # not on the lazy device: its calls run op by op
+        return (t, "not lazy", v.dtype, tuple(v.shape), v.device)
     keep.append(v)
     return (t, id(v))
+
+
+def arguments(flat: list, keep: list) -> tuple[list, tuple]:
+    """A call's argument leaves (``flat``, PyTorch's pytree leaves) with the contents of every
+    object that holds a tensor after it, and the guard of each.
+
+    Such an object (transformers' ``StaticCache``, its layers) is read through its attributes,
+    and through lists, tuples and dicts with string keys in them: its guard is its type and
+    attribute names, and each value inside is a leaf guarded as an argument, a lazy tensor by its
+    layout (so a capture reads it as the argument it is, never the first call's tensor), any
+    other object by identity. So two objects of one class holding tensors of one layout share a
+    capture (a call given a tensor that is not lazy inside one runs op by op). An object that
+    holds no tensor (a config, a sentinel), a module, an optimizer and an object met again
+    inside itself are guarded by identity."""
+    leaves: list = []
+    described: list = []
+    for v in flat:
+        _visit(v, leaves, described, keep, 0, set())
+    return leaves, tuple(described)
+
+
+def _visit(v: Any, leaves: list, described: list, keep: list, depth: int, path: set) -> bool:
+    """Append ``v`` and what it holds to ``leaves`` and their guards to ``described``; whether
+    it holds a tensor."""
+    t = type(v)
+    header = None
+    if depth < _DEPTH and id(v) not in path:
+        if t is list or t is tuple:
+            header, inner = (t, len(v)), v
+        elif t is dict and all(type(k) is str for k in v):
+            header, inner = (dict, tuple(v)), v.values()
+        elif opened(v):
+            header, inner = (t, tuple(vars(v))), vars(v).values()
+    if header is None:
+        leaves.append(v)
+        described.append(describe(v, keep))
+        return isinstance(v, torch.Tensor)
+    start = len(leaves)
+    leaves.append(v)
+    described.append(("contents", header))
+    path.add(id(v))
+    found = False
+    for x in list(inner):
+        found = _visit(x, leaves, described, keep, depth + 1, path) or found
+    path.discard(id(v))
+    if not found and header[0] not in (list, tuple, dict):  # an object with nothing to read
+        # through it: guarded by identity (a list, tuple or dict, by its values)
+        del leaves[start + 1 :], described[start:]
+        described.append(describe(v, keep))
+    return found
+
+
+def opened(v: Any) -> bool:
+    """Whether an argument leaf is an object that ``arguments`` reads through, if it holds a
+    tensor."""
+    return (
+        hasattr(v, "__dict__")
+        and not isinstance(v, (*PLAIN, torch.Tensor, torch.nn.Module, torch.optim.Optimizer))
+        and not isinstance(v, _IDENTITY)
+    )
 
 
 def aliasing(flat: list) -> tuple:

@@ -31,22 +31,26 @@ _SHARED = (
 )  # fmt: skip
 _DEPTH = 8  # objects inside objects
 
-_TENSOR, _VALUE, _OBJECT = range(3)
+_TENSOR, _VALUE, _OBJECT, _GIVEN = range(4)
 
 
 class Unrebuildable(Exception):
     """Why a result cannot be rebuilt around new tensors."""
 
 
-def flatten(result: Any) -> tuple[list[torch.Tensor], tuple]:
-    """The tensors of ``result`` in a fixed order, and the recipe ``unflatten`` rebuilds it by."""
-    tensors, recipe, problem = _flatten(result, 0)
+def flatten(result: Any, given: dict[int, int]) -> tuple[list[torch.Tensor], tuple]:
+    """The tensors of ``result`` in a fixed order, and the recipe ``unflatten`` rebuilds it by.
+    An object the call was given (``given``: its id -> its place among the argument leaves) is
+    returned as the one each replay is given, as it stands (a KV cache the call wrote into)."""
+    tensors, recipe, problem = _flatten(result, given, 0)
     if problem is not None:
         raise Unrebuildable(f"it returns a {problem} object, which a replay cannot rebuild")
     return tensors, recipe
 
 
-def _flatten(result: Any, depth: int) -> tuple[list[torch.Tensor], tuple, str | None]:
+def _flatten(
+    result: Any, given: dict[int, int], depth: int
+) -> tuple[list[torch.Tensor], tuple, str | None]:
     """``flatten``'s tensors and recipe, and the type of a leaf it cannot rebuild (or None).
 
     An object that holds no tensor (a config) is returned as the capture found it, as it may
@@ -63,10 +67,13 @@ def _flatten(result: Any, depth: int) -> tuple[list[torch.Tensor], tuple, str | 
         if isinstance(v, (*KEPT, *_SHARED)):
             entries.append((_VALUE, v))
             continue
+        if id(v) in given:
+            entries.append((_GIVEN, given[id(v)]))
+            continue
         if not hasattr(v, "__dict__") or depth == _DEPTH:
             problem = problem or type(v).__qualname__  # what it holds is out of sight
             continue
-        inner, recipe, why = _flatten(dict(vars(v)), depth + 1)
+        inner, recipe, why = _flatten(dict(vars(v)), given, depth + 1)
         if not inner:
             entries.append((_VALUE, v))
         elif why is not None:
@@ -90,8 +97,9 @@ def _makeable(cls: type) -> bool:
     return True
 
 
-def unflatten(recipe: tuple, tensors: list[torch.Tensor]) -> Any:
-    """The result ``recipe`` describes, holding ``tensors``."""
+def unflatten(recipe: tuple, tensors: list[torch.Tensor], given: list) -> Any:
+    """The result ``recipe`` describes, holding ``tensors`` and the objects of the argument
+    leaves ``given``."""
     spec, entries = recipe
     leaves = []
     for entry in entries:
@@ -100,9 +108,11 @@ def unflatten(recipe: tuple, tensors: list[torch.Tensor]) -> Any:
             leaves.append(tensors[entry[1]])
         elif kind == _VALUE:
             leaves.append(entry[1])
+        elif kind == _GIVEN:
+            leaves.append(given[entry[1]])
         else:
             _, cls, inner, start, count = entry
             obj = cls.__new__(cls)
-            obj.__dict__.update(unflatten(inner, tensors[start : start + count]))
+            obj.__dict__.update(unflatten(inner, tensors[start : start + count], given))
             leaves.append(obj)
     return pytree.tree_unflatten(leaves, spec)

@@ -98,3 +98,20 @@ def test_transformers_generate_with_a_static_cache_compiles_as_many_graphs_for_a
         assert torch.equal(got, expected)
         assert _count("syncs::") - syncs <= tokens + 8  # one a token, and the input checks'
     assert compiles[0] == compiles[1] <= 12, compiles
+
+
+def test_transformers_generate_with_a_static_cache_replays_a_compiled_model():
+    # lazy_torch.compile(model): the decoding steps' calls, given the StaticCache, replay one
+    # capture (a new cache at every generate() call has the same layout): no model code runs.
+    model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
+    prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(4))
+    captures = []
+    for tokens in (6, 6, 6):
+        kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, cache_implementation="static")
+        with torch.no_grad():
+            expected = model.generate(prompt, **kwargs)
+            before = _count("captures")
+            got = lazy.generate(prompt.to("lazy"), **kwargs).cpu()
+        captures.append(_count("captures") - before)
+        assert torch.equal(got, expected)
+    assert captures[0] <= 3 and captures[2] == 0, captures
