@@ -1,5 +1,7 @@
-"""Generation speed: transformers' greedy ``generate()`` with a static KV cache, and
-``lazy_torch.generate``, on device='lazy' against eager PyTorch on ``--eager-device``.
+"""Generation speed: transformers' greedy ``generate()`` with a static KV cache ("static"; the
+same with the model ``lazy_torch.compile``d, "compiled": each decoding step replays one capture),
+and ``lazy_torch.generate`` ("helper"), on device='lazy' against eager PyTorch on
+``--eager-device``.
 
 PYTHONPATH=. python benchmarks/generation_speed.py [--size tiny|124m] [--dtype bfloat16]
     [--batch 1,8] [--tokens 100] [--prompt 32] [--repeats 3] [--eager-device cpu|cuda]
@@ -87,11 +89,12 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eager-device", default="cpu")
-    parser.add_argument("--programs", default="static,helper")
+    parser.add_argument("--programs", default="static,compiled,helper")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     eager = _model(args.size, dtype, args.eager_device)
     lazy = _model(args.size, dtype, "lazy")
+    compiled = lazy_torch.compile(_model(args.size, dtype, "lazy"))
     vocab = SIZES[args.size][3]
     print(f"GPT-2 {args.size} {args.dtype}, prompt {args.prompt}, {args.tokens} new tokens, "
           f"eager on {args.eager_device}, {args.repeats} repeats (medians)")  # fmt: skip
@@ -103,7 +106,8 @@ def main() -> None:
         prompt = torch.randint(1, vocab, (batch, args.prompt), generator=generator)
         base = measure("static", eager, prompt.to(args.eager_device), args, lazy=False)
         for program in args.programs.split(","):
-            got = measure(program, lazy, prompt.to("lazy"), args, lazy=True)
+            model = compiled if program == "compiled" else lazy
+            got = measure(program, model, prompt.to("lazy"), args, lazy=True)
             equal = torch.equal(got["tokens"], base["tokens"])
             print(f"{program:8s} {batch:5d} {got['per_token_ms']:11.2f} "
                   f"{base['per_token_ms']:12.2f} {got['ttft_ms']:12.1f} {base['ttft_ms']:13.1f} "

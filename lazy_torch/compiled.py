@@ -210,6 +210,17 @@ def _forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
 _forward.__name__ = "forward"
 
 
+def _signed(original: Callable) -> Callable:
+    """``_forward`` as a function of its own whose signature is ``original``'s (the forward it
+    replaces): libraries read it (transformers' ``generate()`` asks whether the forward takes an
+    ``attention_mask``, and drops an all-ones mask only if it does). A function, not a closure:
+    a deepcopy of the module binds it to the copy."""
+    forward = types.FunctionType(_forward.__code__, _forward.__globals__, "forward")
+    if original is not _forward:
+        functools.update_wrapper(forward, original)
+    return forward
+
+
 def compile(fn: Any) -> Any:
     """Capture ``fn`` (an ``nn.Module`` or a function) once and replay it as one node for its
     forward and one for its backward in the lazy graph, so a step's host time no longer grows
@@ -239,13 +250,14 @@ def compile(fn: Any) -> Any:
     if isinstance(fn, torch.nn.Module):
         forward = fn.forward
         original = forward.__func__ if getattr(forward, "__self__", None) is fn else forward
-        if original is _forward:
+        if getattr(original, "__code__", None) is _forward.__code__:
             return fn  # compiled already
         unbound = (
             original if hasattr(forward, "__self__") else (lambda self, *a, **k: forward(*a, **k))
         )
         fn.__dict__["_lazy_compiled"] = _Compiled(unbound, fn)
-        fn.forward = types.MethodType(_forward, fn)
+        signed = _signed(original) if unbound is original else _signed(_forward)
+        fn.forward = types.MethodType(signed, fn)
         return fn
     compiled = _Compiled(fn, None)
 

@@ -6,6 +6,7 @@ eager CPU over several calls and several cache objects."""
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -113,3 +114,11 @@ def test_a_call_that_sets_a_tensor_on_the_object_runs_op_by_op():
     with pytest.warns(UserWarning, match=r"changes an object it is given"):
         calls = _compare(Decoder(grow=True))
     assert calls == [0] * 8
+
+
+def test_the_compiled_forward_keeps_its_signature():
+    # transformers' generate() drops an all-ones attention mask only if the forward takes one
+    model = lazy_torch.compile(Decoder().to("lazy"))
+    assert inspect.signature(model.forward) == inspect.signature(Decoder().forward)
+    copied = copy.deepcopy(model)
+    assert copied.forward.__self__ is copied and lazy_torch.compile(copied) is copied

@@ -105,13 +105,15 @@ def test_transformers_generate_with_a_static_cache_replays_a_compiled_model():
     # capture (a new cache at every generate() call has the same layout): no model code runs.
     model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(4))
-    captures = []
+    captures, compiles = [], []
     for tokens in (6, 6, 6):
         kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, cache_implementation="static")
         with torch.no_grad():
             expected = model.generate(prompt, **kwargs)
-            before = _count("captures")
+            before, compiled = _count("captures"), _count("compiles")
             got = lazy.generate(prompt.to("lazy"), **kwargs).cpu()
         captures.append(_count("captures") - before)
+        compiles.append(_count("compiles") - compiled)
         assert torch.equal(got, expected)
     assert captures[0] <= 3 and captures[2] == 0, captures
+    assert compiles[2] == 0, compiles
