@@ -149,8 +149,9 @@ class _Compiled:
         if len(self.captures) >= CAPTURE_LIMIT:
             why = f"it was captured {CAPTURE_LIMIT} times"
             return self._op_by_op(call, args, kwargs, why), EAGER
-        if any(isinstance(v, torch.Tensor) and type(v) is not LazyTensor for v in flat):
-            why = "an argument, or a tensor inside one, is not on the lazy device"
+        top = pytree.tree_leaves((args, kwargs))  # inside objects: HostState says if read
+        if any(isinstance(v, torch.Tensor) and type(v) is not LazyTensor for v in top):
+            why = "an argument is not on the lazy device"
             return self._op_by_op(call, args, kwargs, why), EAGER
         runtime.metrics.count("captures")
         why = missed or self._changed(guards)

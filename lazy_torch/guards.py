@@ -28,9 +28,9 @@ _TRAINING = operator.attrgetter("training")
 def describe(v: Any, keep: list) -> Any:
     """``v`` as a guard: type-exact (8 and 8.0, True and 1, 0.0 and -0.0 differ); a lazy tensor
     by its layout, gradient flag, device, storage shape and view steps; another tensor by its
-    dtype, shape and device (a call given one is never captured: ``_Compiled._capture``); any
-    other object by its identity, appended to ``keep`` (held with the capture, so no other object
-    takes its id)."""
+    dtype, shape and device (a call given one is not captured, nor one that reads one inside an
+    object it is given: ``side_effects.HostState``); any other object by its identity, appended
+    to ``keep`` (held with the capture, so no other object takes its id)."""
     t = type(v)
     if t is LazyTensor:
         view = v._lazy
@@ -55,10 +55,10 @@ def arguments(flat: list, keep: list) -> tuple[list, tuple]:
     and through lists, tuples and dicts with string keys in them: its guard is its type and
     attribute names, and each value inside is a leaf guarded as an argument, a lazy tensor by its
     layout (so a capture reads it as the argument it is, never the first call's tensor), any
-    other object by identity. So two objects of one class holding tensors of one layout share a
-    capture (a call given a tensor that is not lazy inside one runs op by op). An object that
-    holds no tensor (a config, a sentinel), a module, an optimizer and an object met again
-    inside itself are guarded by identity."""
+    other object by identity (a tensor that is not lazy, by its layout: a call that reads one
+    runs op by op). So two objects of one class holding tensors of one layout share a capture.
+    An object that holds no tensor (a config, a sentinel), one with ``__slots__``, a module, an
+    optimizer and an object met again inside itself are guarded by identity."""
     leaves: list = []
     described: list = []
     for v in flat:
@@ -99,11 +99,19 @@ def _visit(v: Any, leaves: list, described: list, keep: list, depth: int, path: 
 
 def opened(v: Any) -> bool:
     """Whether an argument leaf is an object that ``arguments`` reads through, if it holds a
-    tensor."""
+    tensor: one whose ``__dict__`` is all its state (no ``__slots__`` holding more)."""
     return (
         hasattr(v, "__dict__")
         and not isinstance(v, (*PLAIN, torch.Tensor, torch.nn.Module, torch.optim.Optimizer))
         and not isinstance(v, _IDENTITY)
+        and _dict_only(type(v))
+    )
+
+
+@functools.cache
+def _dict_only(cls: type) -> bool:
+    return not any(
+        set(getattr(c, "__slots__", ())) - {"__dict__", "__weakref__"} for c in cls.__mro__
     )
 
 

@@ -122,3 +122,39 @@ def test_the_compiled_forward_keeps_its_signature():
     assert inspect.signature(model.forward) == inspect.signature(Decoder().forward)
     copied = copy.deepcopy(model)
     assert copied.forward.__self__ is copied and lazy_torch.compile(copied) is copied
+
+
+def test_a_cpu_tensor_the_call_reads_inside_the_object_runs_it_op_by_op():
+    def rescale(cache: Cache, step: int, device: str) -> None:
+        cache.scale = torch.tensor(float(step + 1))  # on the CPU, as CUDA accepts a 0-d one
+
+    with pytest.warns(UserWarning, match=r"cpu tensor of shape \(\) that existed before it"):
+        calls = _compare(Decoder(), rescale, caches=1, steps=4)
+    assert calls == [0] * 4
+
+
+class SlottedCache(Cache):
+    """Its tensors in a slot, out of ``__dict__``'s sight: guarded by identity."""
+
+    __slots__ = ("extra",)
+
+    def __init__(self, device: str) -> None:
+        super().__init__(device)
+        self.extra = torch.ones(1, WIDTH, device=device)
+
+
+def test_an_object_with_slots_is_guarded_by_identity():
+    class Reads(Decoder):
+        def forward(self, x: torch.Tensor, cache: Cache) -> dict:
+            return super().forward(x + cache.extra, cache)
+
+    torch.manual_seed(0)
+    model = Reads()
+    lazy = lazy_torch.compile(copy.deepcopy(model).to("lazy"))
+    x = torch.randn(1, WIDTH)
+    with torch.no_grad():
+        for k in range(3):
+            eager_cache, lazy_cache = SlottedCache("cpu"), SlottedCache("lazy")
+            eager_cache.extra.fill_(k)
+            lazy_cache.extra.fill_(k)
+            assert_same(lazy(x.to("lazy"), lazy_cache)["out"], model(x, eager_cache)["out"])

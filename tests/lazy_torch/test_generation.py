@@ -106,7 +106,7 @@ def test_transformers_generate_with_a_static_cache_replays_a_compiled_model():
     model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(4))
     captures, compiles = [], []
-    for tokens in (6, 6, 6):
+    for tokens in (6, 6, 6, 6):
         kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, cache_implementation="static")
         with torch.no_grad():
             expected = model.generate(prompt, **kwargs)
@@ -115,5 +115,8 @@ def test_transformers_generate_with_a_static_cache_replays_a_compiled_model():
         captures.append(_count("captures") - before)
         compiles.append(_count("compiles") - compiled)
         assert torch.equal(got, expected)
-    assert captures[0] <= 3 and captures[2] == 0, captures
-    assert compiles[2] == 0, compiles
+    # transformers sets an attribute on the model at its first call (the cache length), so the
+    # second call's prefill is watched once more (and refused: a fresh cache holds a CPU
+    # tensor); the third runs it plainly, unwatched, a graph compiled once
+    assert captures[0] <= 3 and captures[2:] == [0, 0], captures
+    assert compiles[3] == 0, compiles
