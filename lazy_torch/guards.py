@@ -71,7 +71,7 @@ def _visit(v: Any, leaves: list, described: list, keep: list, depth: int, path: 
     it holds a tensor."""
     t = type(v)
     header = None
-    if depth < _DEPTH and id(v) not in path:
+    if t is not LazyTensor and depth < _DEPTH and id(v) not in path:
         if t is list or t is tuple:
             header, inner = (t, len(v)), v
         elif t is dict and all(type(k) is str for k in v):
