@@ -4,7 +4,8 @@ downloaded) on device='lazy', greedy and sampled, against eager PyTorch on the C
 Prints, per run: lazy's tokens per second in a third call (the first one compiles: its time is
 printed too), the compiles and the syncs of the three calls, eager's tokens per second, and whether
 greedy tokens equal eager's. ``lazy_torch.generate`` runs the whole padded sequence each step
-(no KV cache) with one program for every token.
+(no KV cache) with one program for every token. The last run is transformers' own ``generate()``
+with a static KV cache on a ``lazy_torch.compile``d model: each decoding step replays one capture.
 
 python examples/generate_gpt2.py                           # tiny config, 100 new tokens
 python examples/generate_gpt2.py --size 124m --tokens 50   # GPT-2 124M's shapes
@@ -38,18 +39,18 @@ def _counters() -> dict:
     return dict(lazy_torch.metrics.counters())
 
 
-def lazy_run(model, prompt: torch.Tensor, tokens: int, sample: bool) -> tuple[torch.Tensor, dict]:
-    """``lazy_torch.generate`` three times: the first call compiles (timed apart), the second
-    meets what the model cached on its first call (transformers keeps some of its masks), the
-    third is timed."""
+def lazy_run(generate, prompt: torch.Tensor, tokens: int) -> tuple[torch.Tensor, dict]:
+    """``generate()`` three times: the first call compiles (timed apart), the second meets what
+    the model cached on its first call (transformers keeps some of its masks), the third is
+    timed."""
     before = _counters()
     start = time.perf_counter()
-    lazy_torch.generate(model, prompt, tokens, do_sample=sample, top_k=50).cpu()
+    generate().cpu()
     cold = time.perf_counter() - start
-    lazy_torch.generate(model, prompt, tokens, do_sample=sample, top_k=50).cpu()
+    generate().cpu()
     lazy_torch.manual_seed(0)
     start = time.perf_counter()
-    out = lazy_torch.generate(model, prompt, tokens, do_sample=sample, top_k=50).cpu()
+    out = generate().cpu()
     total = time.perf_counter() - start
     after = _counters()
     syncs = {
@@ -65,8 +66,11 @@ def lazy_run(model, prompt: torch.Tensor, tokens: int, sample: bool) -> tuple[to
     }
 
 
-def eager_run(model, prompt: torch.Tensor, tokens: int, sample: bool) -> tuple[torch.Tensor, dict]:
+def eager_run(
+    model, prompt: torch.Tensor, tokens: int, sample: bool, cache: str | None
+) -> tuple[torch.Tensor, dict]:
     kwargs = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": sample}
+    kwargs["cache_implementation"] = cache
     if sample:
         kwargs["top_k"] = 50
     with torch.no_grad():
@@ -85,12 +89,24 @@ def main() -> None:
     args = parser.parse_args()
     eager = _model(args.size)
     lazy = _model(args.size).to("lazy")
+    compiled = lazy_torch.compile(_model(args.size).to("lazy"))
     vocab = eager.config.vocab_size
     prompt = torch.randint(1, vocab, (args.batch, args.prompt), generator=torch.Generator())
-    for sample in (False, True):
-        name = "sampled (top-k 50)" if sample else "greedy"
-        expected, e = eager_run(eager, prompt, args.tokens, sample)
-        got, lz = lazy_run(lazy, prompt, args.tokens, sample)
+    n = args.tokens
+    runs = {
+        "greedy": lambda: lazy_torch.generate(lazy, prompt, n),
+        "sampled (top-k 50)": lambda: lazy_torch.generate(
+            lazy, prompt, n, do_sample=True, top_k=50
+        ),
+        "static, compiled": lambda: compiled.generate(
+            prompt.to("lazy"), max_new_tokens=n, min_new_tokens=n, cache_implementation="static"
+        ),
+    }
+    for name, generate in runs.items():
+        sample = name.startswith("sampled")
+        cache = "static" if name.startswith("static") else None
+        expected, e = eager_run(eager, prompt, n, sample, cache)
+        got, lz = lazy_run(generate, prompt, n)
         same = f", tokens equal eager's: {torch.equal(got, expected)}" if not sample else ""
         print(
             f"{name:18s} lazy {lz['tokens_per_s']:8.1f} tokens/s (first call {lz['cold_s']:.2f} s; "
