@@ -382,6 +382,7 @@ def capture_call(
     args: tuple,
     kwargs: dict,
     flat_in: list,
+    described: tuple,
     owned: dict[int, LazyTensor],
     device: int,
     modules: list[torch.nn.Module],
@@ -389,8 +390,9 @@ def capture_call(
     function: bool,
 ) -> tuple[Any, _Capture | str, bool]:
     """Run ``fn(*args, **kwargs)`` op by op, watched; its result, the capture (or why there is
-    none), and whether it synced. ``flat_in`` holds the argument leaves (``guards.arguments``:
-    the tensors inside objects given too, which a replay reads as arguments), ``owned`` maps
+    none), and whether it synced. ``flat_in`` holds the argument leaves and ``described`` their
+    guards (``guards.arguments``: the tensors inside objects given too, which a replay reads as
+    arguments), ``owned`` maps
     storage ids to the tensors owning them (parameters, buffers), ``modules`` lists the
     submodules whose attributes the call may set (side_effects.py). A ``function``'s call may
     also run a backward and step optimizers (step_state.py).
@@ -402,7 +404,7 @@ def capture_call(
     path, which a model that never syncs keeps (figures: benchmarks/RESULTS.md, "Capture and
     replay")."""
     tensors = [t for t in flat_in if isinstance(t, LazyTensor)]
-    given = _given(args, kwargs)
+    given = _given(flat_in, described)
     watch = _Watch(device)
     effects = Effects(modules)
     snapshot = step_state.Snapshot() if function else None
@@ -412,7 +414,8 @@ def capture_call(
     why = watch.broken()
     if why is not None:
         return result, why, watch.synced
-    why = host.why or _changed_given(given, _given(args, kwargs))
+    after = guards.arguments(pytree.tree_leaves((args, kwargs)), [])
+    why = host.why or _changed_given(given, _given(*after))
     if why is None and snapshot is not None:
         why = snapshot.changed() or changed_attribute(host.steps.attributes)
     if why is not None:
@@ -422,11 +425,10 @@ def capture_call(
     return result, capture, False
 
 
-def _given(args: tuple, kwargs: dict) -> tuple[tuple, list]:
+def _given(flat: list, described: tuple) -> tuple[tuple, list]:
     """What a call is given, to see whether it changed it: the guards of its argument leaves
-    (``guards.arguments``: the objects it is given, read through), and every one of them
+    ``flat`` (``guards.arguments``: the objects it is given, read through), and every leaf
     that is not a plain value, by identity."""
-    flat, described = guards.arguments(pytree.tree_leaves((args, kwargs)), [])
     return described, [v for v in flat if type(v) not in guards.PLAIN]
 
 

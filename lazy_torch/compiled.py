@@ -163,8 +163,9 @@ class _Compiled:
                 print(f"[lazy] {self._name()} captured again at {site}: {why} changed")
         modules = self.modules if self.module is not None else []
         function = self.module is None
+        _, _, described, _ = guards[0]  # ("arguments", spec, described, aliasing)
         result, capture, synced = capture_call(
-            call, args, kwargs, flat, owned, devices[0], modules, session, function
+            call, args, kwargs, flat, described, owned, devices[0], modules, session, function
         )
         if synced and not session:
             return result, SESSION
