@@ -280,7 +280,8 @@ class _Call(torch.autograd.Function):
     def forward(ctx, capture, node, *diff):
         ctx.capture, ctx.node = capture, node
         outs = capture.wrap(node)
-        ctx.mark_non_differentiable(*(t for t in outs if not t.is_floating_point()))
+        diff = set(capture.diff_outputs)  # as at the capture: a buffer it stores needs no grad
+        ctx.mark_non_differentiable(*(t for k, t in enumerate(outs) if k not in diff))
         return outs
 
     @staticmethod
@@ -422,7 +423,24 @@ def capture_call(
         return result, why, False
     objects = {id(v): k for k, v in enumerate(flat_in) if guards.opened(v)}
     result, capture = _captured(result, watch, effects, host, snapshot, tensors, owned, objects)
+    step = getattr(capture, "step", None)
+    if type(capture) is _Capture and (step is None or not (step.optimizers or step.grads)):
+        # The first call's result is the replay's too, so the graph around it is the one every
+        # later call records (no compile for the first call's op-by-op IR alone). Not where it
+        # set gradients or stepped optimizers: its host state (step counts) is not rewound.
+        _rewind(watch)
+        result = capture.replay(flat_in)
     return result, capture, False
+
+
+def _rewind(watch: _Watch) -> None:
+    """Give every storage the call wrote the value it held before, and the RNG state its draws,
+    for a replay to write them again. IR is immutable: what the op-by-op run left elsewhere keeps
+    its value."""
+    for node, s in watch.before.values():
+        if s.node is not node:
+            s.set(node)
+    watch.rng.draws = 0
 
 
 def _given(flat: list, described: tuple) -> tuple[tuple, list]:
