@@ -15,6 +15,8 @@ from typing import Any
 
 from lazy_core.ir import PARAM_OPS, Node, data_leaf
 
+_NEVER = 1 << 64  # above every Node.seq
+
 
 def extra_outputs(
     nodes: Sequence[Node], chosen: Iterable[object], pending: Iterable[object]
@@ -26,14 +28,21 @@ def extra_outputs(
 
     A multi-output node is read through ``getitem`` nodes; where one outside reads it, that
     ``getitem`` is the output. Parameter-free values are left out.
+
+    The walks stop at nodes made before every node that could be an output (``Node.seq``): they
+    cannot read one. So IR that grows by a node per sync (a generation loop's ``torch.cat`` of
+    its tokens) costs each sync its new nodes, not all of them.
     """
     inside = {id(n) for n in nodes}
     # Values that read no parameter are the same every time and cost nothing to recompute (they
     # fuse into their readers): they stay pending, so their readers' graphs do not change.
     fixed: set[int] = set()
+    floor = _NEVER  # the first-made node that could be an output
     for n in nodes:  # post-order: sources first
         if n.op not in PARAM_OPS and all(id(s) in fixed for s in n.src):
             fixed.add(id(n))
+        elif n.src and n.seq < floor:
+            floor = n.seq
     skip = {id(s) for s in chosen}
     contained, readers = [], []
     boundary: dict[int, Node] = {}
@@ -45,6 +54,8 @@ def extra_outputs(
         if id(node) in inside:
             if id(node) not in fixed:
                 contained.append(s)
+            continue
+        if node.seq < floor:
             continue
         reads = False
         walked = []
@@ -62,7 +73,7 @@ def extra_outputs(
                         read = n if src.num_outputs > 1 else src
                         boundary.setdefault(id(read), read)
                         reads = True
-                elif src.src:
+                elif src.src and src.seq >= floor:
                     stack.append(src)
         if reads:  # every node this walk saw counts as reading: a later walk may share them
             readers.append(s)
@@ -70,22 +81,32 @@ def extra_outputs(
     return contained, list(boundary.values()), readers
 
 
-def computed_leaves(roots: Sequence[Node], outputs: Sequence[object]) -> dict[int, Node]:
-    """Root identity -> a data leaf of the buffer it computed."""
-    return {id(r): data_leaf(b, r.dtype, r.shape) for r, b in zip(roots, outputs)}
+class Computed(dict):
+    """Root identity -> a data leaf of the buffer it computed; ``floor``: the ``seq`` of the
+    first-made root that is not a leaf (nodes made before it cannot read a root)."""
+
+    __slots__ = ("floor",)
 
 
-def rebase(storages: Iterable[object], computed: dict[int, Node]) -> None:
+def computed_leaves(roots: Sequence[Node], outputs: Sequence[object]) -> Computed:
+    computed = Computed((id(r), data_leaf(b, r.dtype, r.shape)) for r, b in zip(roots, outputs))
+    computed.floor = min((r.seq for r in roots if r.src), default=_NEVER)
+    return computed
+
+
+def rebase(storages: Iterable[object], computed: Computed) -> None:
     """Give each storage whose pending value reads nodes in ``computed`` (identity -> data leaf)
     an equal value that reads the leaves instead. Nodes are immutable, so the nodes between are
-    rebuilt (their digests then describe the new graph); IR that reads no computed node is kept.
+    rebuilt (their digests then describe the new graph); IR that reads no computed node is kept,
+    and the walk does not enter IR made before the first computed node.
     """
     if not computed:
         return
     memo: dict[int, Node] = dict(computed)  # id -> replacement (itself when unchanged)
+    floor = computed.floor
     for s in storages:
         node = s.node
-        new = _rebuilt(node, memo)
+        new = _rebuilt(node, memo, floor=floor)
         if new is not node:
             s.set(new)
 
@@ -97,8 +118,9 @@ def substituted(roots: Sequence[Node], memo: dict[int, Node], replace: Any = Non
     return [_rebuilt(root, memo, replace) for root in roots]
 
 
-def _rebuilt(root: Node, memo: dict[int, Node], replace: Any = None) -> Node:
-    """``root`` with every node in ``memo`` replaced (iterative post-order: graphs run deep)."""
+def _rebuilt(root: Node, memo: dict[int, Node], replace: Any = None, floor: int = 0) -> Node:
+    """``root`` with every node in ``memo`` replaced (iterative post-order: graphs run deep).
+    Nodes made before ``floor`` (``Node.seq``) are known to read none of them."""
     stack = [(root, False)]
     while stack:
         n, expanded = stack.pop()
@@ -109,7 +131,7 @@ def _rebuilt(root: Node, memo: dict[int, Node], replace: Any = None) -> Node:
             if new is not None:
                 memo[id(n)] = new
                 continue
-        if not n.src:
+        if not n.src or n.seq < floor:
             memo[id(n)] = n
             continue
         if not expanded:

@@ -79,6 +79,9 @@ struct NodeObject {
     // position in it (-1 while on its stack). No map from nodes to positions is needed.
     unsigned long long walk;
     Py_ssize_t position;
+    // The node's number in the order nodes are made: a node's sources are all made before it,
+    // so a node made before another cannot read it (lazy_core/rebase.py stops its walks there).
+    unsigned long long seq;
 };
 
 // ---------------------------------------------------------------------------------------------

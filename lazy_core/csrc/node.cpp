@@ -65,7 +65,7 @@ PyObject* make_node(PyTypeObject* type, PyObject* const* argv, PyObject* payload
     }
     NodeObject* self = PyObject_New(NodeObject, type);
     if (self == nullptr) return nullptr;
-    nodes_made++;
+    self->seq = ++nodes_made;
     PyObject** fields[7] = {&self->op, &self->src, &self->arg, &self->dtype, &self->shape,
                             &self->payload, &self->site};
     PyObject* values[7] = {argv[0], src, argv[2], argv[3], argv[4], payload, current_site};
@@ -190,6 +190,7 @@ PyMemberDef node_members[] = {
     {"payload", T_OBJECT_EX, offsetof(NodeObject, payload), 0, nullptr},
     {"site", T_OBJECT_EX, offsetof(NodeObject, site), 0, nullptr},
     {"hash", T_PYSSIZET, offsetof(NodeObject, hash), 0, nullptr},
+    {"seq", T_ULONGLONG, offsetof(NodeObject, seq), READONLY, nullptr},
     {nullptr, 0, 0, 0, nullptr}};
 
 PyGetSetDef node_getset[] = {

@@ -37,6 +37,40 @@ def test_a_recurrence_observed_every_iteration_records_one_graph():
     assert _compiles() == 2
 
 
+def test_a_sequence_grown_by_a_token_per_sync_costs_each_sync_its_new_nodes(monkeypatch):
+    # A generation loop: each token reads the last one, joins the pending sequence and is
+    # observed. The sequence stays pending (its compile would change every token); the walks
+    # that settle each sync (lazy_core/rebase.py) must not go through all of it every time.
+    import lazy_core.rebase as rebase
+
+    visits = [0]
+
+    def counted_id(obj):
+        visits[0] += 1
+        return id(obj)
+
+    def loop(device, n):
+        w = torch.linspace(-1, 1, 32, device=device).reshape(4, 8)
+        ids = torch.tensor([[1, 2]], device=device)
+        per_sync, stops = [], []
+        for _ in range(n):
+            logits = w[ids[:, -1] % 4] * 3.0
+            nxt = logits.argmax(-1)
+            ids = torch.cat([ids, nxt[:, None]], dim=-1)
+            before = visits[0]
+            stops.append(bool((nxt == 5).all()))
+            per_sync.append(visits[0] - before)
+        return ids, per_sync, stops
+
+    expected, _, expected_stops = loop("cpu", 60)
+    monkeypatch.setattr(rebase, "id", counted_id, raising=False)
+    ids, per_sync, stops = loop("lazy", 60)
+    assert stops == expected_stops
+    assert torch.equal(ids.cpu(), expected)
+    assert per_sync[10] > 0
+    assert max(per_sync[40:]) <= max(per_sync[5:15]), per_sync
+
+
 def test_values_that_read_a_synced_graph_read_its_results_afterwards():
     x = torch.randn(5, 3)
     a = x.to("lazy")
