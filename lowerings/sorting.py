@@ -317,3 +317,24 @@ def _histc(ctx, x, bins=100, min=0, max=0):
     pos = jnp.where(pos == bins, bins - 1, pos)
     counts = jnp.zeros(bins, ctx.dtype).at[jnp.where(inside, pos, bins)].add(1, mode="drop")
     return counts
+
+
+# Up to this many element-by-test-element comparisons, isin compares every pair (one fused
+# broadcast); beyond, it looks each element up in the sorted test elements.
+_ISIN_PAIRS = 1 << 16
+
+
+@lowering("aten.isin.Tensor_Tensor", "aten.isin.Tensor_Scalar", "aten.isin.Scalar_Tensor")
+def _isin(ctx: LoweringContext, elements, test_elements, *, assume_unique=False, invert=False):
+    dtype = result_type(ctx, elements, test_elements)
+    x = jnp.broadcast_to(cast(elements, dtype), ctx.shape)
+    table = jnp.ravel(cast(test_elements, dtype))
+    if table.size == 0:
+        found = jnp.zeros(ctx.shape, bool)
+    elif table.size * x.size <= _ISIN_PAIRS:
+        found = jnp.any(x[..., None] == table, axis=-1)
+    else:  # NaN sorts last and equals nothing, as in eager
+        table = jnp.sort(table)
+        at = jnp.clip(jnp.searchsorted(table, x), 0, table.size - 1)
+        found = table[at] == x
+    return jnp.logical_not(found) if invert else found

@@ -378,3 +378,24 @@ def test_logcumsumexp_float32_gradient_matches_eager():
     lazy_x = x.detach().to("lazy").requires_grad_()
     (got,) = torch.autograd.grad(torch.logcumsumexp(lazy_x, 1), lazy_x, cotangent.to("lazy"))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+# --- isin ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("invert", [False, True])
+def test_isin(invert):
+    ints = ties((3, 5), levels=10).long()
+    check_lowering(aten.isin.Tensor_Tensor, ints, torch.tensor([1, 3, 7]), invert=invert)
+    check_lowering(aten.isin.Tensor_Tensor, ints, torch.tensor([], dtype=torch.long))
+    check_lowering(aten.isin.Tensor_Scalar, ints, 3, invert=invert)
+    check_lowering(aten.isin.Scalar_Tensor, 4, torch.tensor([1, 4]), invert=invert)
+    # Signed zeros are equal, NaN equals nothing; mixed dtypes compare in the promoted one.
+    check_lowering(aten.isin.Tensor_Tensor, ODD_FLOATS, torch.tensor([0.0, NAN, INF]))
+    check_lowering(aten.isin.Tensor_Tensor, ints.int(), torch.tensor([1.0, 2.5]), invert=invert)
+    check_lowering(aten.isin.Tensor_Tensor, INT_EXTREMES, torch.tensor([2**63 - 1, 5]))
+    # Past _ISIN_PAIRS comparisons the lookup goes through the sorted test elements.
+    many, table = ties((300, 300), levels=1000, seed=1).long(), ties((2000,), levels=1000)
+    check_lowering(aten.isin.Tensor_Tensor, many, table.long(), invert=invert)
+    floats = with_nan((300, 300), seed=2)
+    check_lowering(aten.isin.Tensor_Tensor, floats, torch.tensor([2.0, NAN, -0.0]), invert=invert)
