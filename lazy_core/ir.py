@@ -14,6 +14,16 @@ GETITEM = "getitem"  # output ``arg`` of a multi-output node
 
 LEAF_OPS = frozenset((DATA, SCALAR, CONSTANT))
 PARAM_OPS = frozenset((DATA, SCALAR))
+# Ops that only reshape or index their operand and compute nothing: what they make of device data
+# costs nothing to make again inside the graph that reads it (lazy_core/rebase.py).
+VIEW_OPS = frozenset(
+    f"aten.{name}"
+    for name in (
+        "view.default", "_reshape_alias.default", "_unsafe_view.default", "squeeze.default",
+        "squeeze.dim", "squeeze.dims", "unsqueeze.default", "transpose.int", "t.default",
+        "permute.default", "expand.default", "slice.Tensor", "select.int", "diagonal.default",
+    )
+)  # fmt: skip
 
 
 class Operand(tuple):

@@ -13,36 +13,32 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from lazy_core.ir import PARAM_OPS, Node, data_leaf
+from lazy_core.graph import Graph
+from lazy_core.ir import PARAM_OPS, VIEW_OPS, Node, data_leaf
 
 _NEVER = 1 << 64  # above every Node.seq
 
 
 def extra_outputs(
-    nodes: Sequence[Node], chosen: Iterable[object], pending: Iterable[object]
+    graph: Graph, chosen: Iterable[object], pending: Iterable[object]
 ) -> tuple[list, list[Node], list]:
-    """For a graph of ``nodes`` cut for the storages ``chosen``: the other ``pending`` storages
+    """For ``graph``, cut for the storages ``chosen``: the other ``pending`` storages
     whose value is one of its nodes; the nodes that IR outside it reads (in a deterministic
     order, so the graph with them as roots keeps one key across iterations); and the storages
     whose value may read them (for ``rebase``; a superset).
 
     A multi-output node is read through ``getitem`` nodes; where one outside reads it, that
-    ``getitem`` is the output. Parameter-free values are left out.
+    ``getitem`` is the output. Parameter-free values and views of device data are left out.
 
     The walks stop at nodes made before every node that could be an output (``Node.seq``): they
     cannot read one. So IR that grows by a node per sync (a generation loop's ``torch.cat`` of
     its tokens) costs each sync its new nodes, not all of them.
     """
-    inside = {id(n) for n in nodes}
-    # Values that read no parameter are the same every time and cost nothing to recompute (they
-    # fuse into their readers): they stay pending, so their readers' graphs do not change.
-    fixed: set[int] = set()
-    floor = _NEVER  # the first-made node that could be an output
-    for n in nodes:  # post-order: sources first
-        if n.op not in PARAM_OPS and all(id(s) in fixed for s in n.src):
-            fixed.add(id(n))
-        elif n.src and n.seq < floor:
-            floor = n.seq
+    nodes = graph.nodes
+    inside = set(map(id, nodes))
+    fixed_at, candidates = _positions(graph)
+    fixed = {id(nodes[i]) for i in fixed_at}  # never outputs: made again where read
+    floor = min([nodes[i].seq for i in candidates], default=_NEVER)  # see Node.seq
     skip = {id(s) for s in chosen}
     contained, readers = [], []
     boundary: dict[int, Node] = {}
@@ -86,6 +82,37 @@ class Computed(dict):
     first-made root that is not a leaf (nodes made before it cannot read a root)."""
 
     __slots__ = ("floor",)
+
+
+def _positions(graph: Graph) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The post-order positions of ``graph``'s nodes that stay pending, and of the other nodes
+    that are not leaves (those that could be outputs); worked out once per graph key.
+
+    Values that read no parameter are the same every time and cost nothing to recompute (they
+    fuse into their readers): they stay pending, so their readers' graphs do not change. So do
+    views (VIEW_OPS) of device data and of such values: an output would only copy them."""
+    found = _plans.get(graph.key)
+    if found is None:
+        if len(_plans) >= 1024:
+            _plans.clear()
+        free: set[int] = set()  # parameter-free
+        stay: set[int] = set()  # parameter-free, or views of leaves and of such values
+        fixed, candidates = [], []
+        for i, n in enumerate(graph.nodes):  # post-order: sources first
+            if n.op not in PARAM_OPS and all(id(s) in free for s in n.src):
+                free.add(id(n))
+            if id(n) in free or (
+                n.op in VIEW_OPS and all(not s.src or id(s) in stay for s in n.src)
+            ):
+                stay.add(id(n))
+                fixed.append(i)
+            elif n.src:
+                candidates.append(i)
+        found = _plans[graph.key] = (tuple(fixed), tuple(candidates))
+    return found
+
+
+_plans: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
 
 def computed_leaves(roots: Sequence[Node], outputs: Sequence[object]) -> Computed:

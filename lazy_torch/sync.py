@@ -103,7 +103,7 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
     if cause != "mark_step":
         for device, group in by_device.items():
             pending = pending_storages(device)
-            contained, read, readers = extra_outputs(graphs[device].nodes, group, pending)
+            contained, read, readers = extra_outputs(graphs[device], group, pending)
             if contained or read:
                 group.extend(contained)
                 roots = [s.node for s in group] + read

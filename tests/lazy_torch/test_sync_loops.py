@@ -52,13 +52,14 @@ def test_a_sequence_grown_by_a_token_per_sync_costs_each_sync_its_new_nodes(monk
     def loop(device, n):
         w = torch.linspace(-1, 1, 32, device=device).reshape(4, 8)
         ids = torch.tensor([[1, 2]], device=device)
+        stop = torch.tensor(5, device=device).unsqueeze(0)  # a view made once, read every time
         per_sync, stops = [], []
         for _ in range(n):
             logits = w[ids[:, -1] % 4] * 3.0
             nxt = logits.argmax(-1)
             ids = torch.cat([ids, nxt[:, None]], dim=-1)
             before = visits[0]
-            stops.append(bool((nxt == 5).all()))
+            stops.append(bool((nxt == stop).all()))
             per_sync.append(visits[0] - before)
         return ids, per_sync, stops
 
