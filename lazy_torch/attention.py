@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from lazy_core import digest
 
@@ -27,9 +27,26 @@ _FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 _choices: dict[int, bool] = {}
 
 
+class _Unbacked(Exception):
+    """A symbolic size with no example value (a data-dependent one, while Dynamo traces)."""
+
+
+def _ints(sizes: Any) -> tuple[int, ...]:
+    """Sizes or strides as ints. While Dynamo traces with dynamic shapes they are SymInts: the
+    choice is made for their example values (as the call that runs will be), adding no guard."""
+    out = []
+    for v in sizes:
+        if type(v) is not int:
+            v = getattr(getattr(v, "node", None), "hint", None)
+            if v is None:
+                raise _Unbacked
+        out.append(int(v))
+    return tuple(out)
+
+
 def _describe(t: Any) -> Any:
     if isinstance(t, torch.Tensor):
-        return (tuple(t.shape), t.stride(), t.dtype, t.requires_grad)
+        return (_ints(t.shape), _ints(t.stride()), t.dtype, t.requires_grad)
     return t
 
 
@@ -37,7 +54,7 @@ def _cpu_like(t: Any, fill: bool = False) -> Any:
     """A CPU tensor with ``t``'s metadata (uninitialized, or zeros), or ``t`` if not a tensor."""
     if not isinstance(t, torch.Tensor):
         return t
-    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+    out = torch.empty_strided(_ints(t.shape), _ints(t.stride()), dtype=t.dtype)
     if fill:
         out.zero_()
     return out.requires_grad_(t.requires_grad)
@@ -60,14 +77,23 @@ def _validate(args: list, flags: dict) -> None:
 
 def _fused(args: tuple, dropout_p: float, is_causal: bool, scale: Any, enable_gqa: bool) -> bool:
     """Whether eager CPU would run these arguments on its fused kernel (after raising its errors
-    for them)."""
+    for them). While Dynamo traces on FakeTensors, the question goes to real CPU tensors of
+    their example sizes; a size without one takes the composite's math path."""
+    try:
+        with unset_fake_temporarily():
+            return _fused_for(args, dropout_p, is_causal, scale, enable_gqa)
+    except _Unbacked:
+        return False
+
+
+def _fused_for(args: tuple, dropout_p: float, is_causal: bool, scale: Any, gqa: bool) -> bool:
     # Type-exact (lazy_core/digest.py): a scale of 1 and of 1.0 are different calls.
     key = digest((
         tuple(_describe(a) for a in args),
         dropout_p,
         is_causal,
         scale,
-        enable_gqa,
+        gqa,
         torch.is_grad_enabled(),
         torch._C._get_flash_sdp_enabled(),
         torch._C._get_math_sdp_enabled(),
@@ -78,7 +104,7 @@ def _fused(args: tuple, dropout_p: float, is_causal: bool, scale: Any, enable_gq
             "dropout_p": dropout_p,
             "is_causal": is_causal,
             "scale": scale,
-            "enable_gqa": enable_gqa,
+            "enable_gqa": gqa,
         }
         _validate(list(args), flags)
         choice = aten._fused_sdp_choice(*(_cpu_like(a) for a in args), **flags)

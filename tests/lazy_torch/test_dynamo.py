@@ -127,6 +127,28 @@ def test_batch_shape_change_recaptures():
     assert _counter("captures") == before
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_attention_with_dynamic_shapes_matches_eager(grad):
+    # Dynamo traces lengths as SymInts (dynamic=True, or after a length changed); the lazy
+    # attention kernel picks eager CPU's path for their example values. It used to fail with
+    # a TypeError from the IR key of a SymInt (transformers' generate() on a compiled forward).
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum(-1)
+
+    compiled = torch.compile(attend, backend="lazy", dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    for n in (5, 7, 5):
+        q, k, v = (torch.randn(2, 4, n, 16, generator=g, requires_grad=grad) for _ in range(3))
+        lazy = [t.detach().to("lazy").requires_grad_(grad) for t in (q, k, v)]
+        got, want = compiled(*lazy), attend(q, k, v)
+        torch.testing.assert_close(got.cpu(), want, rtol=RTOL, atol=ATOL)
+        if grad:
+            got.sum().backward()
+            want.sum().backward()
+            for a, b in zip(lazy, (q, k, v)):  # a query's gradient at the first position is
+                torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=RTOL, atol=1e-5)  # 0
+
+
 def test_inference_under_no_grad():
     torch.manual_seed(0)
     model = SmallCNN().eval()
