@@ -17,8 +17,9 @@ its submodules), and its result is rebuilt around each replay's outputs (results
 whose effects a replay cannot redo runs op by op. A call that syncs (``.item()``, a CPU
 fallback, a data-dependent shape) is not pure IR: the next call under its guards is watched once
 more in a compile session (``torch.compiler.is_compiling()`` True, where libraries skip such
-checks), and if that one syncs too, its guards run op by op for good, with one warning naming
-the cause and the user's line.
+checks), and if that one cannot be captured either, its guards run op by op for good, with one
+warning naming the cause and the user's line, still in a compile session: every later call
+takes the library paths that one took, and so records the same IR (one compile for them all).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ from lazy_torch.tensor import LazyTensor, dense_meta, fresh
 CAPTURE_LIMIT = 64  # captures per compiled object; then it runs op by op for good
 EAGER = "op by op"  # a guard set whose calls cannot be captured
 SESSION = "in a compile session"  # a guard set whose next call captures in a compile session
+# A guard set whose capture in a compile session failed: its calls run op by op in one, taking
+# the library paths that capture took, so each call records the IR the one before did.
+EAGER_IN_SESSION = "op by op in a compile session"
 
 
 @contextlib.contextmanager

@@ -18,7 +18,15 @@ from torch.utils import _pytree as pytree
 
 import runtime
 from lazy_torch import step_state
-from lazy_torch.capture import CAPTURE_LIMIT, EAGER, SESSION, Miss, capture_call
+from lazy_torch.capture import (
+    CAPTURE_LIMIT,
+    EAGER,
+    EAGER_IN_SESSION,
+    SESSION,
+    Miss,
+    capture_call,
+    compile_session,
+)
 from lazy_torch.guards import ModuleSet, aliasing, arguments, state
 from lazy_torch.sites import user_site
 from lazy_torch.tensor import LazyTensor
@@ -108,6 +116,9 @@ class _Compiled:
         self.last = guards  # a recapture names what changed since the previous call
         if entry[0] is EAGER:
             return call(*args, **kwargs)
+        if entry[0] is EAGER_IN_SESSION:
+            with compile_session():
+                return call(*args, **kwargs)
         result = entry[0].replay(flat)
         if type(result) is Miss:  # a compiled step's optimizer or gradients changed
             result, capture = self._capture(call, args, kwargs, guards, flat, False, result.why)
@@ -133,8 +144,9 @@ class _Compiled:
     ) -> tuple:
         """A call under new guards (or whose replay ``missed``, saying why): its result, and
         what later calls with them replay (a capture, ``EAGER``, ``SESSION``: the call synced,
-        and the next one is captured in a compile session, ``session`` True; or
-        ``step_state.AGAIN``: nothing, the next call is captured)."""
+        and the next one is captured in a compile session, ``session`` True, whose failure
+        gives ``EAGER_IN_SESSION``; or ``step_state.AGAIN``: nothing, the next call is
+        captured)."""
         tensors = [v for v in flat if type(v) is LazyTensor]
         owned: dict[int, LazyTensor] = {}
         if self.module is not None:
@@ -173,7 +185,7 @@ class _Compiled:
             return result, capture
         if isinstance(capture, str):
             self._warn(capture, site)
-            return result, EAGER
+            return result, EAGER_IN_SESSION if session else EAGER
         return result, capture
 
     def _changed(self, guards: tuple) -> str | None:

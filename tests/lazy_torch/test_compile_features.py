@@ -265,6 +265,37 @@ def test_a_call_that_syncs_is_captured_again_in_a_compile_session(recwarn):
     assert not torch.compiler.is_compiling()
 
 
+class CheckedWithHostOffset(Checked):
+    """Checked, whose traceable path also reads a CPU tensor it holds (as transformers' static
+    cache reads its CPU counter in the prefill): no call can be captured."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset = torch.tensor(0.5)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x, mask)
+        return y + self.offset.to(y.device) if torch.compiler.is_compiling() else y + 0.5
+
+
+def test_calls_whose_session_capture_failed_run_op_by_op_as_that_one_did(recwarn):
+    # After a sync, the next call is captured in a compile session; when that fails too, later
+    # calls run op by op still in one, so they record the IR that call did: no compile each.
+    torch.manual_seed(0)
+    eager = CheckedWithHostOffset()
+    model = lazy_torch.compile(copy.deepcopy(eager).to("lazy"))
+    compiles = []
+    for k in range(4):
+        x, mask = torch.randn(2, 4), torch.tensor([1.0, 1.0])
+        before = counter("compiles")
+        got = model(x.to("lazy"), mask.to("lazy"))
+        assert_same(got, eager(x, mask))
+        compiles.append(counter("compiles") - before)
+    assert model.compiling == [False, True, True, True]
+    assert compiles[2:] == [0, 0], compiles
+    assert len(compile_warnings(recwarn.list)) == 1
+
+
 def _model_output() -> type:
     from transformers.modeling_outputs import SequenceClassifierOutput
 
