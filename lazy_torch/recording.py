@@ -44,6 +44,17 @@ def _is_numeric(t: Any) -> bool:
     return isinstance(t, (torch._C.NumberType, torch._C.TensorType))
 
 
+# Ops whose number in this slot is the value they fill with: a Python bool there is a graph
+# parameter, not a baked-in False or True, so a flag that turns from False to True (transformers'
+# stopping criteria fill ``torch.full((batch,), is_done)``) computes with the same executable.
+# (0 and 1 stay constants: ``torch.zeros`` and ``torch.ones`` fill with them.)
+_VALUE_SLOTS = {
+    "aten.fill.Scalar": "value",
+    "aten.full_like.default": "fill_value",
+    "aten.new_full.default": "fill_value",
+}
+
+
 def plan_of(func: Any) -> Plan:
     """``func``'s RECORD plan: which argument slots take Python numbers as graph operands (Scalar
     slots, and Tensor slots, where ``x * 2`` passes a number), and whether it is a matmul, whose
@@ -55,6 +66,9 @@ def plan_of(func: Any) -> Plan:
         operands = any("Tensor" in str(a.type) for a in arguments)
         numeric = [operands and _is_numeric(a.type) for a in arguments]
         mask = tuple(n and not a.kwarg_only for n, a in zip(numeric, arguments))
+        value = _VALUE_SLOTS.get(str(func))
+        if value is not None:  # 2: a bool there is a graph parameter (csrc/record.cpp)
+            mask = tuple(2 if m and a.name == value else m for m, a in zip(mask, arguments))
         names = frozenset(a.name for n, a in zip(numeric, arguments) if n and a.kwarg_only)
         name = str(func)
         precision = matmul_precision if name in MATMUL_OPS else None

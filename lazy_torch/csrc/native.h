@@ -102,7 +102,8 @@ PyObject* lazy_operand(Operands& ops, PyObject* t);
 // A tensor that is not lazy: a 0-dim CPU tensor is a scalar operand, any other an error.
 PyObject* foreign_operand(Operands& ops, PyObject* t);
 // A Python number's operand; ``share``: the same number object again is the same operand.
-PyObject* scalar_operand(Operands& ops, PyObject* v, int kind, bool share = true);
+PyObject* scalar_operand(Operands& ops, PyObject* v, int kind, bool share = true,
+                         bool parameter = false);
 // A non-Scalar argument as a hashable template entry; with ``ops`` null, a view key's entry
 // (a lazy tensor is its Meta).
 PyObject* attr(Operands* ops, PyObject* v);

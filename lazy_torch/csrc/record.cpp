@@ -125,10 +125,10 @@ PyObject* dtype_name_of(PyObject* dtype) {
 }
 
 // The leaf of number ``v`` (of kind ``kind``) in IR dtype ``dtype``: a constant for 0 and 1, else
-// a graph parameter. ``wrapped``: a Python number, whose constants are shared; a 0-dim tensor's
-// keeps its dtype in type promotion.
-PyObject* scalar_node(PyObject* v, int kind, PyObject* dtype, bool wrapped) {
-    if (kind < 0 || !is_constant(v, kind)) {
+// a graph parameter (always one with ``parameter``). ``wrapped``: a Python number, whose constants
+// are shared; a 0-dim tensor's keeps its dtype in type promotion.
+PyObject* scalar_node(PyObject* v, int kind, PyObject* dtype, bool wrapped, bool parameter = false) {
+    if (kind < 0 || parameter || !is_constant(v, kind)) {
         PyObject* call[2] = {v, dtype};
         return PyObject_Vectorcall(cfg.scalar_leaf, call, 2, nullptr);
     }
@@ -171,7 +171,7 @@ PyObject* foreign_operand(Operands& ops, PyObject* t) {
 }
 
 // A Python number's operand; ``share``: the same number object again is the same operand.
-PyObject* scalar_operand(Operands& ops, PyObject* v, int kind, bool share) {
+PyObject* scalar_operand(Operands& ops, PyObject* v, int kind, bool share, bool parameter) {
     PyObject* type = (PyObject*)Py_TYPE(v);
     if (!append(ops.keys.p, Py_NewRef(type))) return nullptr;
     auto seen = share ? ops.scalars.find(v) : ops.scalars.end();
@@ -182,17 +182,20 @@ PyObject* scalar_operand(Operands& ops, PyObject* v, int kind, bool share) {
         seen->second = PyList_GET_SIZE(ops.srcs.p);
     } else {
         ops.scalars.emplace(v, PyList_GET_SIZE(ops.srcs.p));
-        node = scalar_node(v, kind, scalar_dtypes[kind], true);
+        node = scalar_node(v, kind, scalar_dtypes[kind], true, parameter);
     }
     if (!append(ops.srcs.p, node)) return nullptr;
     return operand_marker(ops);
 }
 
-PyObject* entry(Operands& ops, PyObject* v, bool scalar_slot) {
+// ``slot``: 0 for an attribute, 1 where a number is an operand, 2 where it is one and a bool is a
+// graph parameter (a fill's value: a flag that changes must not change the graph; 0 and 1 stay
+// constants there, as ``torch.zeros`` and ``torch.ones`` fill with them).
+PyObject* entry(Operands& ops, PyObject* v, int slot) {
     if (Py_TYPE(v) == (PyTypeObject*)cfg.tensor_type) return lazy_operand(ops, v);
-    if (scalar_slot) {
+    if (slot) {
         int kind = number_kind(v);
-        if (kind >= 0) return scalar_operand(ops, v, kind);
+        if (kind >= 0) return scalar_operand(ops, v, kind, true, slot == 2 && kind == 0);
     }
     return attr(&ops, v);
 }
@@ -205,8 +208,9 @@ bool template_of(PlanObject* plan, PyObject* args, PyObject* kwargs, Operands& o
     if (!args_t) return false;
     Py_ssize_t slots = PyTuple_GET_SIZE(plan->mask);
     for (Py_ssize_t i = 0; i < n; i++) {
-        bool scalar_slot = i < slots && PyTuple_GET_ITEM(plan->mask, i) == Py_True;
-        PyObject* e = entry(ops, PyTuple_GET_ITEM(args, i), scalar_slot);
+        PyObject* m = i < slots ? PyTuple_GET_ITEM(plan->mask, i) : Py_False;
+        int slot = m == Py_True ? 1 : PyLong_CheckExact(m) ? (int)PyLong_AsLong(m) : 0;
+        PyObject* e = entry(ops, PyTuple_GET_ITEM(args, i), slot);
         if (e == nullptr) return false;
         PyTuple_SET_ITEM(args_t.p, i, e);
     }
@@ -218,7 +222,7 @@ bool template_of(PlanObject* plan, PyObject* args, PyObject* kwargs, Operands& o
     while (nk && PyDict_Next(kwargs, &pos, &k, &v)) {
         int scalar_slot = PySet_Contains(plan->scalar_names, k);
         if (scalar_slot < 0) return false;
-        Ref e(entry(ops, v, scalar_slot == 1));
+        Ref e(entry(ops, v, scalar_slot == 1 ? 1 : 0));
         PyObject* pair = e ? PyTuple_Pack(2, k, e.p) : nullptr;
         if (pair == nullptr) return false;
         PyTuple_SET_ITEM(kwargs_t.p, i++, pair);

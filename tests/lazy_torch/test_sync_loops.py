@@ -113,6 +113,21 @@ def test_parameter_free_values_stay_pending_and_keep_graphs_stable():
     assert x._lazy.storage.pending and _compiles() == 1
 
 
+def test_a_bool_fill_flag_that_changes_keeps_its_graph():
+    # transformers' stopping criteria fill torch.full((batch,), is_done) every token; the token
+    # where is_done turns True must not compile a graph of its own (a fill's bool is a graph
+    # parameter; its 0 and 1 stay constants, as torch.zeros and torch.ones keep theirs).
+    x = torch.arange(5.0, device="lazy") * 3 - 7
+    lazy_torch.mark_step()
+    lazy_torch.metrics.reset()
+    for flag in (False, True, False, True):
+        done = torch.full((5,), flag, dtype=torch.bool, device="lazy")
+        got = torch.where(done, x, x.square()).sum().item()
+        expected = torch.where(torch.full((5,), flag), x.cpu(), x.cpu().square()).sum().item()
+        assert got == expected, (flag, got, expected)
+    assert _compiles() == 1
+
+
 def test_a_failed_sync_leaves_the_values_that_read_it_intact():
     a = torch.arange(6.0, device="lazy")
     y = a * 2
