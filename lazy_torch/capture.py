@@ -7,7 +7,9 @@ that existed before the call (parameters, buffers, the arguments' storages, the 
 an input of the region, every such storage it writes (BatchNorm's running statistics) an output,
 and its backward is recorded once more, from placeholder gradients. Both are registered as graphs
 (``runtime.register_call``). Later calls under the same guards record one ``lazy.call`` node for
-the forward and, through an autograd Function, one for the backward; their lowering inlines the
+the forward and, through an autograd Function, one for the backward; so does the watched call
+itself, once its writes are rewound (unless it stepped an optimizer or set gradients, whose host
+state is not), so its graph is the one later calls record. Their lowering inlines the
 registered graph, so a step is still one program per ``mark_step`` with the loss and the
 optimizer. Activations the backward reads are outputs of the forward node, read through
 ``getitem`` nodes, never wrapped as tensors.
