@@ -97,7 +97,7 @@ def test_transformers_generate_with_a_static_cache_compiles_as_many_graphs_for_a
         compiles.append(_count("compiles") - before)
         assert torch.equal(got, expected)
         assert _count("syncs::") - syncs <= tokens + 8  # one a token, and the input checks'
-    assert compiles[0] == compiles[1] <= 12, compiles
+    assert compiles[0] == compiles[1] <= 10, compiles
 
 
 def test_transformers_generate_with_a_static_cache_replays_a_compiled_model():
@@ -117,6 +117,8 @@ def test_transformers_generate_with_a_static_cache_replays_a_compiled_model():
         assert torch.equal(got, expected)
     # transformers sets an attribute on the model at its first call (the cache length), so the
     # second call's prefill is watched once more (and refused: a fresh cache holds a CPU
-    # tensor); the third runs it plainly, unwatched, a graph compiled once
+    # tensor); later calls run it op by op as that one did, recording the same graph. The
+    # first call's decoding steps record the replay's graph from the first (no graph for the
+    # capture's op-by-op IR), and the last token's stopping flag is a graph parameter.
     assert captures[0] <= 3 and captures[2:] == [0, 0], captures
-    assert compiles[3] == 0, compiles
+    assert compiles[0] <= 10 and compiles[2:] == [0, 0], compiles
