@@ -83,7 +83,7 @@ def test_trains_like_eager_under_compile(name, monkeypatch, recwarn):
     _close(compiled, eager, rtol=RTOL, atol=1e-5)
     _close(compiled, lazy, rtol=1e-5, atol=1e-6)
     assert compiled["captures"] == [1] * STEPS, compiled["captures"]
-    assert compiled["calls"] == [0] + [2] * (STEPS - 1), compiled["calls"]
+    assert compiled["calls"] == [2] * STEPS, compiled["calls"]  # the capture's result is a replay's
     assert compiled["compiles"][2:] == [0] * (STEPS - 2), compiled["compiles"]
     assert compiled["fallbacks"] == [], compiled["fallbacks"]
 
@@ -126,7 +126,7 @@ def test_attention_masks_stay_captured(name, monkeypatch, recwarn):
     eager = train(model, batches, masked_loss, "cpu")
     _close(compiled, eager, rtol=RTOL, atol=1e-5)
     assert compiled["captures"] == [1] + [2] * (STEPS - 1), compiled["captures"]
-    assert compiled["calls"] == [0, 0] + [2] * (STEPS - 2), compiled["calls"]
+    assert compiled["calls"] == [0] + [2] * (STEPS - 1), compiled["calls"]
 
 
 def test_a_returned_cache_holds_each_calls_keys_and_values():
