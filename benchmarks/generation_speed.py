@@ -12,7 +12,9 @@ Per program and batch size, warm (every graph compiled, medians of ``--repeats``
 time to first token (a whole ``generate`` of one new token), time per further token ((time
 of ``--tokens`` tokens - time of one) / (tokens - 1)), and for lazy the first call's wall time
 and the compiles up to the warm runs (the first call's and a second call's: transformers keeps
-a mask on the module after its first call) and those of the warm runs (must be 0). Random
+a mask on the module after its first call) and those of the warm runs (must be 0; counted for
+the batch's lazy programs together). Per batch size the programs' and eager's warm runs take
+turns, repeat by repeat, so a noisy machine's drift falls on all of them alike. Random
 weights; whether lazy's tokens equal eager's is printed (in bfloat16 two backends may round a
 near tie apart).
 """
@@ -58,26 +60,30 @@ def _timed(program: str, model, ids: torch.Tensor, tokens: int) -> tuple[float, 
     return time.perf_counter() - start, out
 
 
-def measure(program: str, model, prompt: torch.Tensor, args, lazy: bool) -> dict:
+def measure(runs: list[tuple], args) -> list[dict]:
+    """Each of ``runs`` ((program, model, prompt, lazy) tuples) warmed up, then timed in turn,
+    repeat by repeat, so that a noisy machine's drift falls on all of them alike."""
     compiles = lambda: lazy_torch.metrics.counters().get("compiles", 0)  # noqa: E731
-    before = compiles()
-    cold, out = _timed(program, model, prompt, args.tokens)
-    for tokens in (1, args.tokens, 1, args.tokens):  # a second call may still compile one graph
-        _timed(program, model, prompt, tokens)
-    warm_compiles = compiles()
-    first, whole = [], []
+    found = []
+    for program, model, prompt, lazy in runs:
+        before = compiles()
+        cold, out = _timed(program, model, prompt, args.tokens)
+        for tokens in (1, args.tokens, 1, args.tokens):  # a second call may compile one graph
+            _timed(program, model, prompt, tokens)
+        found.append({"cold_s": cold, "cold_compiles": compiles() - before, "tokens": out})
+    warm = compiles()
+    first: list[list[float]] = [[] for _ in runs]
+    whole: list[list[float]] = [[] for _ in runs]
     for _ in range(args.repeats):
-        first.append(_timed(program, model, prompt, 1)[0])
-        whole.append(_timed(program, model, prompt, args.tokens)[0])
-    ttft, total = statistics.median(first), statistics.median(whole)
-    return {
-        "cold_s": cold,
-        "cold_compiles": warm_compiles - before if lazy else None,
-        "warm_compiles": compiles() - warm_compiles if lazy else None,
-        "ttft_ms": 1e3 * ttft,
-        "per_token_ms": 1e3 * (total - ttft) / (args.tokens - 1),
-        "tokens": out,
-    }
+        for k, (program, model, prompt, _) in enumerate(runs):
+            first[k].append(_timed(program, model, prompt, 1)[0])
+            whole[k].append(_timed(program, model, prompt, args.tokens)[0])
+    for k, got in enumerate(found):
+        ttft, total = statistics.median(first[k]), statistics.median(whole[k])
+        got["ttft_ms"] = 1e3 * ttft
+        got["per_token_ms"] = 1e3 * (total - ttft) / (args.tokens - 1)
+    found[0]["warm_compiles"] = compiles() - warm  # all lazy runs' together
+    return found
 
 
 def main() -> None:
@@ -104,10 +110,13 @@ def main() -> None:
     for batch in args.batch:
         generator = torch.Generator().manual_seed(batch)
         prompt = torch.randint(1, vocab, (batch, args.prompt), generator=generator)
-        base = measure("static", eager, prompt.to(args.eager_device), args, lazy=False)
+        runs = [("static", eager, prompt.to(args.eager_device), False)]
         for program in args.programs.split(","):
             model = compiled if program == "compiled" else lazy
-            got = measure(program, model, prompt.to("lazy"), args, lazy=True)
+            runs.append((program, model, prompt.to("lazy"), True))
+        base, *lazies = measure(runs, args)
+        for (program, *_), got in zip(runs[1:], lazies):
+            got["warm_compiles"] = base["warm_compiles"]
             equal = torch.equal(got["tokens"], base["tokens"])
             print(f"{program:8s} {batch:5d} {got['per_token_ms']:11.2f} "
                   f"{base['per_token_ms']:12.2f} {got['ttft_ms']:12.1f} {base['ttft_ms']:13.1f} "
