@@ -101,7 +101,8 @@ int number_kind(PyObject* v);
 PyObject* lazy_operand(Operands& ops, PyObject* t);
 // A tensor that is not lazy: a 0-dim CPU tensor is a scalar operand, any other an error.
 PyObject* foreign_operand(Operands& ops, PyObject* t);
-// A Python number's operand; ``share``: the same number object again is the same operand.
+// A Python number's operand; ``share``: the same number object again is the same operand;
+// ``parameter``: a graph parameter even where it is 0 or 1 (record.cpp: entry).
 PyObject* scalar_operand(Operands& ops, PyObject* v, int kind, bool share = true,
                          bool parameter = false);
 // A non-Scalar argument as a hashable template entry; with ``ops`` null, a view key's entry

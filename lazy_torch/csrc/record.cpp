@@ -127,7 +127,8 @@ PyObject* dtype_name_of(PyObject* dtype) {
 // The leaf of number ``v`` (of kind ``kind``) in IR dtype ``dtype``: a constant for 0 and 1, else
 // a graph parameter (always one with ``parameter``). ``wrapped``: a Python number, whose constants
 // are shared; a 0-dim tensor's keeps its dtype in type promotion.
-PyObject* scalar_node(PyObject* v, int kind, PyObject* dtype, bool wrapped, bool parameter = false) {
+PyObject* scalar_node(PyObject* v, int kind, PyObject* dtype, bool wrapped,
+                      bool parameter = false) {
     if (kind < 0 || parameter || !is_constant(v, kind)) {
         PyObject* call[2] = {v, dtype};
         return PyObject_Vectorcall(cfg.scalar_leaf, call, 2, nullptr);
