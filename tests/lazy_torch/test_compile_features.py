@@ -72,7 +72,7 @@ def test_gradient_accumulation():
             opt.step()
             if device != "cpu":
                 lazy_torch.mark_step()
-        runs[device] = (torch.stack([l.cpu() for l in losses]), calls)
+        runs[device] = (torch.stack([loss.cpu() for loss in losses]), calls)
     assert_same(runs["lazy"][0], runs["cpu"][0], rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         assert_same(p, q, rtol=1e-4, atol=1e-5, msg=name)

@@ -6,7 +6,6 @@ Every case is checked against eager CPU over several calls."""
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch

@@ -58,7 +58,7 @@ def _train(model: nn.Module, batches: list, device: str, loss_fn=_classify) -> t
         losses.append(loss.detach())
         captures.append(_counter("captures"))
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return [float(l) for l in losses], state, captures
+    return [float(loss) for loss in losses], state, captures
 
 
 def _check_training(model: nn.Module, batches: list, loss_fn=_classify) -> list[int]:
