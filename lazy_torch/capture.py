@@ -429,24 +429,36 @@ def capture_call(
         return result, why, False
     objects = {id(v): k for k, v in enumerate(flat_in) if guards.opened(v)}
     result, capture = _captured(result, watch, effects, host, snapshot, tensors, owned, objects)
-    step = getattr(capture, "step", None)
-    if type(capture) is _Capture and (step is None or not (step.optimizers or step.grads)):
+    step = getattr(capture, "step", None)  # a string says why there is no capture
+    if type(capture) is _Capture and (step is None or not step.touches_host):
         # The first call's result is the replay's too, so the graph around it is the one every
         # later call records (no compile for the first call's op-by-op IR alone). Not where it
         # set gradients or stepped optimizers: its host state (step counts) is not rewound.
-        _rewind(watch)
-        result = capture.replay(flat_in)
+        undo = _rewind(watch)
+        replayed = capture.replay(flat_in)
+        if type(replayed) is Miss:  # keep the op-by-op result and what it wrote
+            undo()
+        else:
+            result = replayed
     return result, capture, False
 
 
-def _rewind(watch: _Watch) -> None:
+def _rewind(watch: _Watch) -> Callable[[], None]:
     """Give every storage the call wrote the value it held before, and the RNG state its draws,
-    for a replay to write them again. IR is immutable: what the op-by-op run left elsewhere keeps
-    its value."""
-    for node, s in watch.before.values():
-        if s.node is not node:
-            s.set(node)
+    for a replay to write them again; returns what puts back what the call left. IR is
+    immutable: what the op-by-op run left elsewhere keeps its value."""
+    left = [(s, s.node, node) for node, s in watch.before.values() if s.node is not node]
+    draws = watch.rng.draws
+    for s, _, before in left:
+        s.set(before)
     watch.rng.draws = 0
+
+    def undo() -> None:
+        for s, after, _ in left:
+            s.set(after)
+        watch.rng.draws = draws
+
+    return undo
 
 
 def _given(flat: list, described: tuple) -> tuple[tuple, list]:

@@ -376,6 +376,11 @@ class Replay:
         self.params = list(params.values())
         self.none = [before.get(id(p), p.grad is None) for p in self.params]
 
+    @property
+    def touches_host(self) -> bool:
+        """Whether the call stepped optimizers or set gradients (host state a replay redoes)."""
+        return bool(self.optimizers or self.grads)
+
     def check(self) -> str | None:
         """Why this call's modules, optimizers or gradients differ from the capture's, or
         None."""

@@ -667,3 +667,19 @@ def test_outputs_that_need_no_grad_in_eager_need_none_in_replays(module):
             assert_same(a, b)
         assert_same(model.lin.weight.grad, eager.lin.weight.grad)
     assert counter("captures") == 1
+
+
+def test_a_first_call_whose_replay_misses_keeps_its_own_result_and_writes(monkeypatch):
+    # The watched call's result is its replay's; a replay that misses (a compiled step's state
+    # changed) must leave the op-by-op result and what the call wrote, not the rewound values.
+    from lazy_torch import capture
+
+    monkeypatch.setattr(capture._Capture, "replay", lambda self, flat: capture.Miss("test"))
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    model = lazy_torch.compile(copy.deepcopy(eager).to("lazy"))
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        assert_same(model(x.to("lazy")), eager(x))
+    for name, value in eager.state_dict().items():
+        assert_same(model.state_dict()[name], value, msg=name)
