@@ -25,6 +25,7 @@ import transformers.generation.logits_process as logits_process
 import transformers.generation.stopping_criteria as stopping_criteria
 
 import lazy_torch
+from benchmarks import generation_speed
 from benchmarks.generation_speed import SIZES, _model
 from lazy_torch import sync as lazy_sync
 
@@ -59,11 +60,7 @@ def _timed_phases(model, times: dict) -> None:
 
 
 def _generate(model, ids: torch.Tensor, tokens: int) -> torch.Tensor:
-    with torch.no_grad():
-        return model.generate(
-            ids, attention_mask=torch.ones_like(ids), cache_implementation="static",
-            max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-        ).cpu()  # fmt: skip
+    return generation_speed._generate("static", model, ids, tokens)
 
 
 def measure(model, ids: torch.Tensor, args, times: dict) -> dict:
