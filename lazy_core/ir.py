@@ -14,14 +14,17 @@ GETITEM = "getitem"  # output ``arg`` of a multi-output node
 
 LEAF_OPS = frozenset((DATA, SCALAR, CONSTANT))
 PARAM_OPS = frozenset((DATA, SCALAR))
-# Ops that only reshape or index their operand and compute nothing: what they make of device data
-# costs nothing to make again inside the graph that reads it (lazy_core/rebase.py).
-VIEW_OPS = frozenset(
+# Ops that only reshape, index or copy their operand and compute nothing: what they make of device
+# data costs nothing to make again inside the graph that reads it (lazy_core/rebase.py). A copy
+# counts: transformers clones the inputs it slices, and whether an earlier .item() happened to
+# compute the clone must not change the graph that reads it.
+MOVEMENT_OPS = frozenset(
     f"aten.{name}"
     for name in (
         "view.default", "_reshape_alias.default", "_unsafe_view.default", "squeeze.default",
         "squeeze.dim", "squeeze.dims", "unsqueeze.default", "transpose.int", "t.default",
         "permute.default", "expand.default", "slice.Tensor", "select.int", "diagonal.default",
+        "clone.default", "lift_fresh.default", "alias.default",
     )
 )  # fmt: skip
 

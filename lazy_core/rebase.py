@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from lazy_core.graph import Graph
-from lazy_core.ir import PARAM_OPS, VIEW_OPS, Node, data_leaf
+from lazy_core.ir import MOVEMENT_OPS, PARAM_OPS, Node, data_leaf
 
 _NEVER = 1 << 64  # above every Node.seq
 
@@ -28,7 +28,8 @@ def extra_outputs(
     whose value may read them (for ``rebase``; a superset).
 
     A multi-output node is read through ``getitem`` nodes; where one outside reads it, that
-    ``getitem`` is the output. Parameter-free values and views of device data are left out.
+    ``getitem`` is the output. Parameter-free values, and views and copies of device data, are
+    left out.
 
     The walks stop at nodes made before every node that could be an output (``Node.seq``): they
     cannot read one. So IR that grows by a node per sync (a generation loop's ``torch.cat`` of
@@ -90,19 +91,20 @@ def _positions(graph: Graph) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
     Values that read no parameter are the same every time and cost nothing to recompute (they
     fuse into their readers): they stay pending, so their readers' graphs do not change. So do
-    views (VIEW_OPS) of device data and of such values: an output would only copy them."""
+    views and copies (MOVEMENT_OPS) of device data and of such values: an output would only
+    copy them."""
     found = _plans.get(graph.key)
     if found is None:
         if len(_plans) >= 1024:
             _plans.clear()
         free: set[int] = set()  # parameter-free
-        stay: set[int] = set()  # parameter-free, or views of leaves and of such values
+        stay: set[int] = set()  # parameter-free, or views and copies of leaves and of such values
         fixed, candidates = [], []
         for i, n in enumerate(graph.nodes):  # post-order: sources first
             if n.op not in PARAM_OPS and all(id(s) in free for s in n.src):
                 free.add(id(n))
             if id(n) in free or (
-                n.op in VIEW_OPS and all(not s.src or id(s) in stay for s in n.src)
+                n.op in MOVEMENT_OPS and all(not s.src or id(s) in stay for s in n.src)
             ):
                 stay.add(id(n))
                 fixed.append(i)

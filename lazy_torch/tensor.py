@@ -19,6 +19,7 @@ extension: Any = _wrapper.load()
 # Makes each lazy tensor's wrapper (dispatch.use_wrapper swaps in PyTorch's own, to compare).
 make_wrapper = extension.make_wrapper
 
+
 class Meta(NamedTuple):
     """A tensor's metadata as eager PyTorch would report it. A tuple underneath: memo keys digest
     it, and C reads it (lazy_torch/csrc)."""
@@ -37,6 +38,19 @@ def is_meta(v: Any) -> bool:
 
 # torch.device objects of lazy:0 .. lazy:63, made once.
 DEVICES = [torch.device("lazy", i) for i in range(64)]
+
+
+def _current_lazy(device: Any) -> torch.device | None:
+    """The current lazy device, if ``device`` is "lazy" or a lazy torch.device with no index."""
+    if type(device) is str:
+        bare = device == "lazy"
+    else:
+        bare = type(device) is torch.device and device.type == "lazy" and device.index is None
+    if not bare:
+        return None
+    from lazy_torch.device_module import current_device  # it imports this module
+
+    return DEVICES[current_device()]
 
 
 class LazyTensor(torch.Tensor):
@@ -107,6 +121,17 @@ class LazyTensor(torch.Tensor):
         torch.Tensor.data.__set__(self, new)
         self._lazy, self._meta = new._lazy, new._meta
 
+    def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        # "lazy" names the current lazy device, as "cuda" names the current CUDA device: a tensor
+        # already there is returned itself (PyTorch's rule for a tensor that needs no change),
+        # where PyTorch, comparing lazy:0 with an index it does not know, would copy it. So
+        # model.to("lazy") a second time leaves a pending copy of no parameter.
+        if args and _current_lazy(args[0]):
+            args = (_current_lazy(args[0]), *args[1:])
+        elif _current_lazy(kwargs.get("device")):
+            kwargs["device"] = _current_lazy(kwargs["device"])
+        return super().to(*args, **kwargs)
+
     # C: runs the op's plan (records it, makes its view) or calls its handler (dispatch.py).
     __torch_dispatch__ = classmethod(_native.dispatch)
 
@@ -132,7 +157,6 @@ class LazyTensor(torch.Tensor):
         return str(self)
 
     # Pickling (torch.save, copy) is serialization.py's: it sets __reduce_ex__.
-
 
 
 # What the C recording path needs to make tensors (dispatch.py configures the rest).
@@ -237,4 +261,3 @@ def to_cpu(t: LazyTensor, cause: str = "cpu") -> torch.Tensor:
         layout = torch.empty_like(torch.empty_strided(shape, stride, device="meta")).stride()
         out = torch.empty_strided(shape, layout, dtype=t.dtype).copy_(out)
     return out
-

@@ -201,3 +201,25 @@ def test_cuts_fall_where_the_loop_comes_round_so_its_segments_compile_once(cut_e
         assert lazy_torch.metrics.counters().get("syncs::auto_cut", 0) - cuts >= 5
         # The first segment, the steady one (every other cut reuses it), the rest at the read.
         assert lazy_torch.metrics.counters().get("compiles", 0) - compiles <= 3
+
+
+def test_a_copy_of_device_data_stays_pending_so_an_earlier_read_leaves_the_next_graph_alone():
+    # transformers clones the inputs it slices; one of its checks reads the clone on the first
+    # generate() call only. The clone stays pending (lazy_core/rebase.py), as a view would, so
+    # the graph that then reads it is the same on every call.
+    x = torch.arange(12, device="lazy").view(2, 6)
+    lazy_torch.mark_step()
+
+    def graph_of_use(read: bool) -> set:
+        c = x[:, 1:].clone(memory_format=torch.contiguous_format)
+        if read:
+            assert (c == 3).any().item()
+        keys: list = []
+        stop = runtime.metrics.listen(lambda e: keys.append(e.graph))
+        try:
+            assert (c * 3).sum().item() == 3 * (66 - 6)
+        finally:
+            stop()
+        return set(keys)
+
+    assert graph_of_use(True) == graph_of_use(False)

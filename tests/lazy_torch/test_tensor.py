@@ -164,6 +164,27 @@ def test_module_to_lazy_keeps_tied_parameters_one_object():
     torch.testing.assert_close(lazy[0].weight.grad.cpu(), cpu[0].weight.grad)
 
 
+def test_to_the_current_lazy_device_returns_the_tensor_itself_as_eager_does():
+    # As t.to("cpu") in eager, and t.to("cuda") on the current CUDA device: no copy, so a write
+    # through the result is a write to the tensor, and model.to("lazy") again leaves nothing
+    # pending (a pending copy of a weight made the next graph differ from later ones).
+    import lazy_core
+
+    cpu = torch.zeros(3)
+    assert cpu.to("cpu") is cpu
+    t = torch.zeros(3, device="lazy")
+    model = torch.nn.Linear(2, 2).to("lazy")
+    lazy_torch.mark_step()
+    for same in ("lazy", torch.device("lazy"), "lazy:0", t.device, torch.float32):
+        assert t.to(same) is t
+    assert t.to(device="lazy") is t and t.to("lazy", torch.float32) is t
+    assert t.to("lazy", torch.float64).dtype == torch.float64
+    t.to("lazy").add_(1)
+    assert t.tolist() == [1.0, 1.0, 1.0]
+    model.to("lazy")
+    assert not lazy_core.pending_storages(0)
+
+
 def test_matmul_of_mixed_dtypes_gives_eagers_error():
     a, b = torch.ones(2, 3), torch.ones(3, 2, dtype=torch.bfloat16)
     for fn in (torch.mm, torch.matmul, lambda x, y: torch.nn.functional.linear(x, y.T)):
