@@ -12,7 +12,7 @@ from lazy_core import Graph, Storage, cut_graph, pending_and_held, pending_stora
 from lazy_core.ir import DATA
 from lazy_core.rebase import computed_leaves, extra_outputs, rebase
 from lazy_core.value import buffer_partners, settle, unheld
-from lazy_torch import _native
+from lazy_torch import _native, host_reads
 from lazy_torch import rng as _rng
 from lazy_torch.sites import user_site
 
@@ -127,18 +127,22 @@ def _sync(storages: Iterable[Storage], cause: str, held: set[int] | None) -> Non
         partners = buffer_partners(group, graph.params, donated, graph.roots) if donated else None
         layouts: list | None = [] if runtime.spmd.active() else None
         placements = _placements(group, graph) if layouts is not None else None
-        outputs = runtime.run_graph(
-            graph,
-            device,
-            donated,
-            cause,
-            defer_checks=cause == "mark_step",
-            site=site,
-            partners=partners,
-            held=held,
-            placements=placements,
-            layouts=layouts,
-        )
+        outputs = None
+        if cause != "mark_step" and layouts is None:  # a small read: maybe on the host
+            outputs = host_reads.evaluate(graph, device, cause, site)
+        if outputs is None:
+            outputs = runtime.run_graph(
+                graph,
+                device,
+                donated,
+                cause,
+                defer_checks=cause == "mark_step",
+                site=site,
+                partners=partners,
+                held=held,
+                placements=placements,
+                layouts=layouts,
+            )
         leaves = computed_leaves(graph.roots, outputs) if device in extra else None
         settle(group, graph.roots, outputs)
         if layouts is not None:  # each storage keeps the layout its value got, for its next

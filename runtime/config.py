@@ -77,6 +77,10 @@ MAPPINGS: int = int(os.environ.get("LAZY_MAPPINGS", "").strip() or _map_limit() 
 # then compiled. 0 turns it off.
 INTERPRET_AFTER: int = max(0, int(os.environ.get("LAZY_INTERPRET_AFTER", "4").strip() or 4))
 
+# Compute a partial sync's small graph (an input check's .item(), a short sequence read at the end:
+# lazy_torch/host_reads.py says which) on the host by eager PyTorch instead of compiling it: 1 or 0.
+HOST_READS: bool = _flag("LAZY_HOST_READS", default=True)
+
 # Automatic graph cuts (lazy_torch/sync.py): once a program has recorded this many IR nodes since
 # its last barrier (a loop that never calls mark_step()), the next op first dispatches the
 # pending graph, so its memory and compile time stay bounded. A GPT-2 training step records about

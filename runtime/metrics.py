@@ -99,7 +99,8 @@ class GraphEvent:
     user's ``file:line`` that caused it. A compile's ``seconds`` is its compile time and ``cache``
     says ``"miss"`` (XLA compiled) or ``"persistent"`` (loaded from LAZY_CACHE_DIR); an execution's
     ``seconds`` is its host dispatch time and ``cache`` is ``"hit"`` or ``"new"``, or ``"reuse"``
-    for a parameter-free graph whose earlier results were reused (nothing ran). ``reason`` says
+    for a parameter-free graph whose earlier results were reused (nothing ran), or ``"host"`` for
+    a small read that eager PyTorch computed on the host (lazy_torch/host_reads.py). ``reason`` says
     why a site that compiled before compiled again.
     """
 
@@ -128,6 +129,8 @@ class GraphEvent:
                 tail += f"; recompile: {self.reason}"
         elif self.cache == "reuse":
             tail = "parameter-free: its earlier results reused"
+        elif self.cache == "host":
+            tail = f"computed on the host by eager PyTorch in {self.seconds * 1e3:.2f} ms"
         else:
             tail = f"{'cache hit' if self.cache == 'hit' else 'new executable'}, dispatched in "
             tail += f"{self.seconds * 1e3:.2f} ms"

@@ -122,3 +122,29 @@ def test_transformers_generate_with_a_static_cache_replays_a_compiled_model():
     # capture's op-by-op IR), and the last token's stopping flag is a graph parameter.
     assert captures[0] <= 3 and captures[2:] == [0, 0], captures
     assert compiles[0] <= 10 and compiles[2:] == [0, 0], compiles
+
+
+def test_transformers_generate_on_a_compiled_model_compiles_three_graphs_then_none(monkeypatch):
+    # With small reads on the host (lazy_torch/host_reads.py, on outside the test suite): the
+    # input checks and the sequence read compile nothing, so a first call compiles the prefill,
+    # the first decoding step (it reads the prefill's positions) and the steady step; later
+    # calls of the same cache length compile nothing, whatever their number of tokens would
+    # make of the sequence read.
+    import runtime.config
+
+    monkeypatch.setattr(runtime.config, "HOST_READS", True)
+    model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
+    prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(5))
+    compiles = []
+    for tokens in (6, 6, 4):  # one cache length: 5 + 6
+        config = transformers.GenerationConfig(
+            max_new_tokens=tokens, min_new_tokens=tokens, cache_implementation="static",
+            cache_config={"max_cache_len": 11},
+        )  # fmt: skip
+        with torch.no_grad():
+            expected = model.generate(prompt, generation_config=config)
+            before = _count("compiles")
+            got = lazy.generate(prompt.to("lazy"), generation_config=config).cpu()
+        compiles.append(_count("compiles") - before)
+        assert torch.equal(got, expected)
+    assert compiles == [3, 0, 0], compiles

@@ -1,0 +1,210 @@
+"""Small reads computed on the host by eager PyTorch instead of a compiled graph.
+
+A partial sync (``.item()``, ``bool(t)``, ``.cpu()``) whose graph is small costs a first XLA
+compile of 30 to 100 ms on this CPU for microseconds of work: transformers' ``generate()`` makes
+five such input checks before its first token (``isin(...).any()``, ``(ids < 0).any()``), and
+reads the generated sequence, a chain of one ``cat`` per token whose graph is new for every
+length. Such a graph runs here node by node through the aten ops it recorded, on host copies of
+its inputs: eager CPU PyTorch, the oracle itself. Its results become device data, as a compiled
+graph's do, and nothing is compiled.
+
+A graph is small when it has at most ``_NODES`` nodes, its device inputs have at most
+``_INPUTS`` elements together (they are copied to the host) and all its values at most
+``_ELEMENTS``. ``empty`` gives zeros here, as in a compiled graph. Evaluated elsewhere (the graph
+compiles as any other): ops of our own (``lazy.*``, calls, control flow), random ops (their keys
+come from the device's RNG state), a graph on a mesh, and a Python float parameter that meets no
+floating-point tensor (eager's promotion of a Python float and of a 0-dim float64 tensor differ
+there, and the IR records both as a float64 parameter). An error while evaluating, or a result
+whose shape or dtype is not the recorded one, sends the graph to the compiler, which raises
+eager's error where there is one.
+
+``LAZY_HOST_READS=0`` turns this off (runtime/config.py); the test suite runs with it off, so its
+reads test the lowerings, and tests/lazy_torch/test_host_reads.py tests this path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+import runtime
+from lazy_core.graph import Graph
+from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, Operand, fill
+from lazy_torch import _native
+from lazy_torch._dtypes import from_numpy, to_numpy, torch_dtype
+
+_NODES = 4096
+_INPUTS = 1 << 16
+_ELEMENTS = 1 << 22
+_EMPTY = "empty"  # an empty tensor's values are unspecified: zeros, as the compiled graph's
+_FLOATING = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+
+# Per graph key: the graph's steps, or None where it is not evaluated here (bounded).
+_plans: dict[int, tuple | None] = {}
+
+
+def evaluate(graph: Graph, device_index: int, cause: str, site: str) -> tuple | None:
+    """The root values of ``graph`` as device arrays, computed by eager PyTorch on the host; None
+    where the graph is not one to compute so (it then compiles). ``cause`` and ``site``: the
+    sync's, for LAZY_DEBUG's line."""
+    if not runtime.config.HOST_READS or len(graph.nodes) > _NODES:
+        return None
+    plan = _plans.get(graph.key, False)
+    start = time.perf_counter()
+    try:
+        if plan is False:
+            plan = _plan(graph.plan())
+        values = None if plan is None else _run(plan, graph.params)
+    except Exception:
+        values = None  # the compiled graph raises eager's error, if there is one
+    if values is None:
+        plan = None
+    if len(_plans) >= 4096:
+        _plans.clear()
+    _plans[graph.key] = plan
+    if plan is None:
+        return None
+    outputs = tuple(
+        runtime.to_device(to_numpy(_tensor(values[i], plan[i])), device_index, dtype=plan[i][2])
+        for i in graph.outputs()
+    )
+    seconds = time.perf_counter() - start
+    runtime.metrics.count("host_reads")
+    runtime.metrics.time("host_read_time", seconds)
+    if runtime.metrics.listening():
+        n = len(graph.nodes)
+        runtime.metrics.event(
+            runtime.metrics.GraphEvent("execute", cause, site, graph.key, n, seconds, "host")
+        )
+    return outputs
+
+
+def _plan(entries: tuple) -> tuple | None:
+    """``graph.plan()``'s entries with each op's aten function and revived template in place of
+    its name and arg; None if some node is not one to run here."""
+    elements = inputs = 0
+    steps = []
+    for op, arg, dtype, shape, src in entries:
+        shapes = shape if isinstance(dtype, tuple) else (shape,)
+        elements += sum(_numel(s) for s in shapes if s is not None)
+        inputs += _numel(shape) if op == DATA else 0
+        if elements > _ELEMENTS or inputs > _INPUTS:
+            return None
+        if op == CONSTANT:
+            wrapped, number = arg
+            arg = number if wrapped else torch.tensor(number, dtype=torch_dtype(dtype))
+        elif op.startswith("aten.") and "empty" in op.split(".")[1]:
+            op = _EMPTY
+        elif op not in (DATA, SCALAR, GETITEM):
+            func = _function(op)
+            if func is None or not _promotes_as_eager(entries, src):
+                return None
+            op, arg = func, _template(func, arg)
+        steps.append((op, arg, dtype, shape, src))
+    return tuple(steps)
+
+
+def _run(plan: tuple, params: tuple) -> list | None:
+    """Each node's eager value, or None where one is not what the node recorded."""
+    env: list[Any] = []
+    for op, arg, dtype, shape, src in plan:
+        if op == DATA:
+            value = from_numpy(runtime.to_host(params[arg].payload), torch_dtype(dtype))
+        elif op == SCALAR:
+            value = params[arg].payload
+            if _native.SCALAR_DTYPES.get(type(value)) != dtype:  # a 0-dim tensor's: its dtype
+                value = torch.tensor(value, dtype=torch_dtype(dtype))
+        elif op == CONSTANT:
+            value = arg
+        elif op == GETITEM:
+            value = env[src[0]][arg]
+        elif op == _EMPTY:
+            value = torch.zeros(shape, dtype=torch_dtype(dtype))
+        else:
+            args, kwargs = arg
+            operands = [env[s] for s in src]
+            value = op(*fill(args, operands), **dict(fill(kwargs, operands)))
+            if not _as_recorded(value, dtype, shape):
+                return None
+        env.append(value)
+    return env
+
+
+def _tensor(value: Any, entry: tuple) -> torch.Tensor:
+    """A root's value as a tensor (a root may be a parameter or a constant, a Python number)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.tensor(value, dtype=torch_dtype(entry[2]))
+
+
+def _as_recorded(value: Any, dtype: Any, shape: Any) -> bool:
+    """Whether eager's result has the shapes and dtypes the node recorded."""
+    if isinstance(dtype, tuple):
+        return (
+            isinstance(value, (tuple, list))
+            and len(value) == len(dtype)
+            and all(_as_recorded(v, d, s) for v, d, s in zip(value, dtype, shape) if d is not None)
+        )
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype == torch_dtype(dtype)
+        and tuple(value.shape) == shape
+    )
+
+
+def _promotes_as_eager(entries: tuple, src: tuple) -> bool:
+    """False where a float64 parameter (a Python float, or a 0-dim float64 CPU tensor: the IR
+    records both alike) meets no floating-point tensor, where eager promotes the two differently."""
+    ops = [(entries[s][0], entries[s][2]) for s in src]
+    ambiguous = any(op == SCALAR and d in ("float64", "complex128") for op, d in ops)
+    return not ambiguous or any(op != SCALAR and d in _FLOATING for op, d in ops)
+
+
+_functions: dict[str, Any] = {}
+
+
+def _function(op: str) -> Any:
+    """The aten overload named ``op`` if eager computes on the host what its lowering does."""
+    if op in _functions:
+        return _functions[op]
+    func = None
+    parts = op.split(".")
+    if len(parts) == 3 and parts[0] == "aten":
+        packet = getattr(torch.ops.aten, parts[1], None)
+        found = getattr(packet, parts[2], None) if packet is not None else None
+        if found is not None and torch.Tag.nondeterministic_seeded not in found.tags:
+            func = found
+    _functions[op] = func
+    return func
+
+
+def _template(func: Any, arg: tuple) -> tuple:
+    """A node's ``(args, kwargs)`` template with the strings that stand for dtypes, devices,
+    layouts and memory formats made those objects again (the device: the host's)."""
+    args, kwargs = arg
+    schema = func._schema.arguments
+    args = tuple(_revive(a, str(s.real_type)) for a, s in zip(args, schema))
+    types = {s.name: str(s.real_type) for s in schema}
+    kwargs = tuple((k, _revive(v, types.get(k, ""))) for k, v in kwargs)
+    return args, kwargs
+
+
+def _revive(value: Any, type_name: str) -> Any:
+    if type(value) is Operand or type(value) is not str and type(value) is not tuple:
+        return value
+    if type(value) is tuple:
+        return tuple(_revive(v, type_name) for v in value)
+    if "ScalarType" in type_name:
+        return torch_dtype(value)
+    if "Device" in type_name:
+        return torch.device("cpu")
+    if "Layout" in type_name or "MemoryFormat" in type_name:
+        return getattr(torch, value.removeprefix("torch."))
+    return value
+
+
+def _numel(shape: tuple) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape else 1

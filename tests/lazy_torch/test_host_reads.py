@@ -1,0 +1,141 @@
+"""Small reads computed on the host by eager PyTorch (lazy_torch/host_reads.py): eager's values,
+dtypes and errors, no compile, and the graphs that must compile still do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lazy_torch
+import runtime.config
+
+
+@pytest.fixture(autouse=True)
+def _host_reads(monkeypatch):
+    monkeypatch.setattr(runtime.config, "HOST_READS", True)  # tests/conftest.py turns it off
+
+
+def _count(name: str) -> int:
+    return lazy_torch.metrics.counters().get(name, 0)
+
+
+def _checks(ids: torch.Tensor, eos: torch.Tensor, pad: int) -> list:
+    """transformers' generate() input checks, and the growing sequence it returns."""
+    seq = ids
+    for t in range(5):
+        seq = torch.cat([seq, (seq[:, -1:] * 7 + t) % 50], dim=-1)
+    return [
+        torch.isin(eos.unsqueeze(0), eos).any().item(),
+        (eos.unsqueeze(0) < 0).any().item(),
+        bool(torch.ones_like(ids).eq(1).all()),
+        pad in ids[:, [-1, 0]],
+        torch.sum(ids[:, -1] == pad).item() > 0,
+        seq.cpu(),
+    ]
+
+
+def test_input_checks_and_a_sequence_read_compute_eager_values_without_compiling():
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    eos = torch.tensor(7)
+    expected = _checks(ids, eos, 3)
+    for _ in range(2):  # the second time with the plans kept
+        before = _count("host_reads")
+        got = _checks(ids.to("lazy"), eos.to("lazy"), 3)
+        assert _count("compiles") == 0
+        assert _count("host_reads") - before == 6
+        assert got[:5] == expected[:5]
+        assert torch.equal(got[5], expected[5]) and got[5].dtype == expected[5].dtype
+
+
+def test_each_read_takes_its_inputs_current_values():
+    x = torch.zeros(4, dtype=torch.int64, device="lazy")
+    seen = []
+    for i in range(3):
+        x.add_(i)
+        lazy_torch.mark_step()  # x is device data: the same graph reads new values
+        seen.append((x * 2 + 1).tolist())
+    assert seen == [[1] * 4, [3] * 4, [7] * 4]
+    assert _count("host_reads") == 3
+
+
+_f32, _f64 = torch.tensor(1.5, dtype=torch.float32), torch.tensor(1.5, dtype=torch.float64)
+SAMPLES = {  # name: (function of its inputs, inputs)
+    "float32 0-dim tensor": (lambda a: a + _f32, (torch.arange(4),)),
+    "Python float": (lambda a: (a * 2.5).sum(), (torch.arange(4),)),
+    "float64 0-dim with ints": (lambda a: a < _f64, (torch.arange(4),)),
+    "Python float with ints": (lambda a: a < 1.5, (torch.arange(4),)),
+    "bfloat16": (lambda a: (a.to(torch.bfloat16) * 3).float().sum(), (torch.rand(8),)),
+    "float16 mean": (lambda a: a.half().mean(), (torch.rand(8),)),
+    "bool": (lambda a: (a > 0.5).logical_not().sum(), (torch.rand(8),)),
+    "multi-output": (lambda a: a.max(dim=1)[1], (torch.rand(3, 5),)),
+    "sort": (lambda a: torch.sort(a, descending=True)[0], (torch.rand(6),)),
+    "arange and dtype": (
+        lambda a: torch.arange(3, dtype=torch.float64, device=a.device) + a[:3],
+        (torch.rand(6, dtype=torch.float64),),
+    ),
+    "clone formats": (
+        lambda a: a.permute(1, 0).clone(memory_format=torch.contiguous_format),
+        (torch.rand(2, 3),),
+    ),
+    "index with None": (lambda a, i: a[:, i], (torch.rand(2, 5), torch.tensor([-1, 0]))),
+    "integer division": (lambda a: torch.div(a, 3, rounding_mode="floor"), (torch.arange(-5, 5),)),
+    "cumsum dtype": (lambda a: a.cumsum(0, dtype=torch.float32), (torch.arange(5),)),
+    "empty and fill": (
+        lambda a: torch.ones(a.shape, dtype=a.dtype, device=a.device) + a,
+        (torch.arange(5),),
+    ),
+}
+
+
+_COMPILED = ("Python float", "float64 0-dim with ints", "Python float with ints")
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_values_and_dtypes_equal_eager(name):
+    fn, inputs = SAMPLES[name]
+    expected = fn(*inputs)
+    got = fn(*(x.to("lazy") for x in inputs)).cpu()
+    # A float64 parameter is a Python float or a 0-dim float64 tensor: with integer tensors,
+    # eager promotes them differently, and these compile.
+    assert _count("host_reads") == (name not in _COMPILED)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_random_ops_compile_and_draw_what_a_compiled_graph_draws(monkeypatch):
+    def draw():
+        lazy_torch.manual_seed(5)
+        return (torch.rand(4, device="lazy") * 2).tolist()
+
+    monkeypatch.setattr(runtime.config, "HOST_READS", False)
+    compiled = draw()
+    monkeypatch.setattr(runtime.config, "HOST_READS", True)
+    assert draw() == compiled
+    assert _count("host_reads") == 0
+
+
+def test_an_out_of_range_index_raises_eagers_error_and_keeps_values():
+    a = torch.arange(5, device="lazy")
+    i = torch.tensor([7], device="lazy")
+    with pytest.raises(IndexError):
+        a[i].tolist()
+    assert a.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_large_inputs_compile():
+    a = torch.rand(300, 300, device="lazy")  # 90,000 elements to copy to the host
+    lazy_torch.mark_step()
+    compiles = _count("compiles")
+    (a.sum() > 0).item()
+    assert _count("host_reads") == 0 and _count("compiles") == compiles + 1
+
+
+def test_lazy_debug_says_where_a_read_ran():
+    lines = []
+    stop = runtime.metrics.listen(lambda e: lines.append(e.line()))
+    try:
+        (torch.arange(3, device="lazy") > 1).any().item()
+    finally:
+        stop()
+    assert len(lines) == 1 and "computed on the host by eager PyTorch" in lines[0]
+    assert "test_host_reads.py" in lines[0]
