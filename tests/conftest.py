@@ -6,6 +6,11 @@ import os
 import pytest
 
 os.environ.setdefault("LAZY_CPU_DEVICES", "4")
+# Small reads would run on the host by eager PyTorch (lazy_torch/host_reads.py), not through the
+# lowerings the tests test; tests/lazy_torch/test_host_reads.py turns it back on. (Also in the
+# environment of the scripts tests run in processes of their own; LAZY_HOST_READS=1 runs the
+# suite through that path instead.)
+os.environ.setdefault("LAZY_HOST_READS", "0")
 
 import lazy_torch
 import runtime.config
@@ -17,9 +22,6 @@ def _fresh_metrics(monkeypatch):
     # run op by op after the fourth (runtime/interpret.py): whole graphs are what they test.
     # tests/runtime/test_interpret.py turns it back on.
     monkeypatch.setattr(runtime.config, "INTERPRET_AFTER", 0)
-    # Their small reads would run on the host by eager PyTorch (lazy_torch/host_reads.py), not
-    # through the lowerings they test; tests/lazy_torch/test_host_reads.py turns it back on.
-    monkeypatch.setattr(runtime.config, "HOST_READS", False)
     lazy_torch.mark_step(wait=True)
     lazy_torch.metrics.reset()
     yield
