@@ -124,7 +124,9 @@ def _run(plan: tuple, params: tuple) -> list | None:
         elif op == _EMPTY:
             value = torch.zeros(shape, dtype=torch_dtype(dtype))
         else:
-            args, kwargs = arg
+            args, kwargs, precision = arg
+            if precision is not None and precision != torch.get_float32_matmul_precision():
+                return None  # eager would compute it at another precision than recorded
             operands = [env[s] for s in src]
             value = op(*fill(args, operands), **dict(fill(kwargs, operands)))
             if not _as_recorded(value, dtype, shape):
@@ -183,13 +185,15 @@ def _function(op: str) -> Any:
 
 def _template(func: Any, arg: tuple) -> tuple:
     """A node's ``(args, kwargs)`` template with the strings that stand for dtypes, devices,
-    layouts and memory formats made those objects again (the device: the host's)."""
+    layouts and memory formats made those objects again (the device: the host's), and the
+    float32 matmul precision a matmul recorded (None for other ops), apart."""
     args, kwargs = arg
     schema = func._schema.arguments
     args = tuple(_revive(a, str(s.real_type)) for a, s in zip(args, schema))
     types = {s.name: str(s.real_type) for s in schema}
-    kwargs = tuple((k, _revive(v, types.get(k, ""))) for k, v in kwargs)
-    return args, kwargs
+    precision = dict(kwargs).get("_precision")
+    kwargs = tuple((k, _revive(v, types.get(k, ""))) for k, v in kwargs if k != "_precision")
+    return args, kwargs, precision
 
 
 def _revive(value: Any, type_name: str) -> Any:

@@ -80,6 +80,7 @@ SAMPLES = {  # name: (function of its inputs, inputs)
     "index with None": (lambda a, i: a[:, i], (torch.rand(2, 5), torch.tensor([-1, 0]))),
     "integer division": (lambda a: torch.div(a, 3, rounding_mode="floor"), (torch.arange(-5, 5),)),
     "cumsum dtype": (lambda a: a.cumsum(0, dtype=torch.float32), (torch.arange(5),)),
+    "matmul": (lambda a, b: a @ b, (torch.rand(3, 4), torch.rand(4, 2))),
     "empty and fill": (
         lambda a: torch.ones(a.shape, dtype=a.dtype, device=a.device) + a,
         (torch.arange(5),),
@@ -139,3 +140,15 @@ def test_lazy_debug_says_where_a_read_ran():
         stop()
     assert len(lines) == 1 and "computed on the host by eager PyTorch" in lines[0]
     assert "test_host_reads.py" in lines[0]
+
+
+def test_a_matmul_recorded_at_another_precision_than_the_current_one_compiles():
+    a, b = torch.rand(3, 4, device="lazy"), torch.rand(4, 2, device="lazy")
+    lazy_torch.mark_step()
+    product = a @ b  # recorded at "highest"
+    torch.set_float32_matmul_precision("high")
+    try:
+        product.cpu()
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert _count("host_reads") == 0
