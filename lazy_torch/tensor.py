@@ -40,17 +40,12 @@ def is_meta(v: Any) -> bool:
 DEVICES = [torch.device("lazy", i) for i in range(64)]
 
 
-def _current_lazy(device: Any) -> torch.device | None:
-    """The current lazy device, if ``device`` is "lazy" or a lazy torch.device with no index."""
+def _bare_lazy(device: Any) -> bool:
+    """Whether ``device`` is "lazy" or a lazy torch.device with no index: lazy:0, where a copy
+    to it goes (ops._lazy_index)."""
     if type(device) is str:
-        bare = device == "lazy"
-    else:
-        bare = type(device) is torch.device and device.type == "lazy" and device.index is None
-    if not bare:
-        return None
-    from lazy_torch.device_module import current_device  # it imports this module
-
-    return DEVICES[current_device()]
+        return device == "lazy"
+    return type(device) is torch.device and device.type == "lazy" and device.index is None
 
 
 class LazyTensor(torch.Tensor):
@@ -122,14 +117,14 @@ class LazyTensor(torch.Tensor):
         self._lazy, self._meta = new._lazy, new._meta
 
     def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        # "lazy" names the current lazy device, as "cuda" names the current CUDA device: a tensor
-        # already there is returned itself (PyTorch's rule for a tensor that needs no change),
-        # where PyTorch, comparing lazy:0 with an index it does not know, would copy it. So
-        # model.to("lazy") a second time leaves a pending copy of no parameter.
-        if args and _current_lazy(args[0]):
-            args = (_current_lazy(args[0]), *args[1:])
-        elif _current_lazy(kwargs.get("device")):
-            kwargs["device"] = _current_lazy(kwargs["device"])
+        # PyTorch returns a tensor that needs no change itself, not a copy, but it compares
+        # lazy:0 with the "lazy" of t.to("lazy") as different devices. So "lazy" becomes lazy:0
+        # here, as t.to("cuda") is the current CUDA device: model.to("lazy") a second time then
+        # leaves no pending copy of a parameter.
+        if args and _bare_lazy(args[0]):
+            args = (DEVICES[0], *args[1:])
+        elif _bare_lazy(kwargs.get("device")):
+            kwargs["device"] = DEVICES[0]
         return super().to(*args, **kwargs)
 
     # C: runs the op's plan (records it, makes its view) or calls its handler (dispatch.py).
