@@ -10,13 +10,14 @@ graph's do, and nothing is compiled.
 
 A graph is small when it has at most ``_NODES`` nodes, its device inputs have at most
 ``_INPUTS`` elements together (they are copied to the host) and all its values at most
-``_ELEMENTS``. ``empty`` gives zeros here, as in a compiled graph. Evaluated elsewhere (the graph
-compiles as any other): ops of our own (``lazy.*``, calls, control flow), random ops (their keys
-come from the device's RNG state), a graph on a mesh, and a Python float parameter that meets no
-floating-point tensor (eager's promotion of a Python float and of a 0-dim float64 tensor differ
-there, and the IR records both as a float64 parameter). An error while evaluating, or a result
-whose shape or dtype is not the recorded one, sends the graph to the compiler, which raises
-eager's error where there is one.
+``_ELEMENTS``. A graph that keeps coming back compiles once its reads here have cost what a
+compile would (``_COMPILE_SECONDS``). ``empty`` gives zeros here, as in a compiled graph.
+Evaluated elsewhere (the graph compiles as any other): ops of our own (``lazy.*``, calls,
+control flow), random ops (their keys come from the device's RNG state), a graph on a mesh, and
+a Python float parameter that meets no floating-point tensor (eager's promotion of a Python
+float and of a 0-dim float64 tensor differ there, and the IR records both as a float64
+parameter). An error while evaluating, or a result whose shape or dtype is not the recorded
+one, sends the graph to the compiler, which raises eager's error where there is one.
 
 ``LAZY_HOST_READS=0`` turns this off (runtime/config.py); the test suite runs with it off, so its
 reads test the lowerings, and tests/lazy_torch/test_host_reads.py tests this path.
@@ -42,8 +43,15 @@ _ELEMENTS = 1 << 22
 _EMPTY = "empty"  # an empty tensor's values are unspecified: zeros, as the compiled graph's
 _FLOATING = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
 
-# Per graph key: the graph's steps, or None where it is not evaluated here (bounded).
+# A graph read this often is one a compile pays for: once its reads here have taken this long in
+# all (a first compile of such a graph took 30 to 110 ms on this CPU), it compiles from then on,
+# so a loop that reads a graph every step runs it compiled, however slow it is here.
+_COMPILE_SECONDS = 0.05
+
+# Per graph key: the graph's steps, or None where it is not evaluated here; the seconds its reads
+# here took (both bounded).
 _plans: dict[int, tuple | None] = {}
+_spent: dict[int, float] = {}
 
 
 def evaluate(graph: Graph, device_index: int, cause: str, site: str) -> tuple | None:
@@ -64,6 +72,7 @@ def evaluate(graph: Graph, device_index: int, cause: str, site: str) -> tuple | 
         plan = None
     if len(_plans) >= 4096:
         _plans.clear()
+        _spent.clear()
     _plans[graph.key] = plan
     if plan is None:
         return None
@@ -72,6 +81,9 @@ def evaluate(graph: Graph, device_index: int, cause: str, site: str) -> tuple | 
         for i in graph.outputs()
     )
     seconds = time.perf_counter() - start
+    _spent[graph.key] = spent = _spent.get(graph.key, 0.0) + seconds
+    if spent > _COMPILE_SECONDS:
+        _plans[graph.key] = None
     runtime.metrics.count("host_reads")
     runtime.metrics.time("host_read_time", seconds)
     if runtime.metrics.listening():

@@ -152,3 +152,16 @@ def test_a_matmul_recorded_at_another_precision_than_the_current_one_compiles():
     finally:
         torch.set_float32_matmul_precision("highest")
     assert _count("host_reads") == 0
+
+
+def test_a_graph_read_again_and_again_compiles_once_its_reads_cost_what_a_compile_would(
+    monkeypatch,
+):
+    from lazy_torch import host_reads
+
+    monkeypatch.setattr(host_reads, "_COMPILE_SECONDS", 0.0)  # any read costs more
+    x = torch.arange(4, device="lazy")
+    lazy_torch.mark_step()
+    compiles = _count("compiles")
+    assert [(x * 2).sum().item() for _ in range(3)] == [12, 12, 12]
+    assert _count("host_reads") == 1 and _count("compiles") == compiles + 1
