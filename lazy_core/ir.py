@@ -11,6 +11,7 @@ DATA = "data"  # a device buffer; digested by shape and dtype only, never by con
 SCALAR = "scalar"  # a Python number passed as a graph parameter; digested by dtype only
 CONSTANT = "constant"  # 0 and 1, baked into the graph
 GETITEM = "getitem"  # output ``arg`` of a multi-output node
+ZERO_DIM = "lazy.zero_dim"  # a 0-dim tensor of its operand, a graph parameter (scalar_leaf)
 
 LEAF_OPS = frozenset((DATA, SCALAR, CONSTANT))
 PARAM_OPS = frozenset((DATA, SCALAR))
@@ -57,6 +58,7 @@ class Operand(tuple):
 Node, attribute_to, current_site = _native.Node, _native.attribute_to, _native.current_site
 
 OPERANDS = tuple(Operand(i) for i in range(4096))  # foreach ops over many tensors use thousands
+_ZERO_DIM_ARG = (OPERANDS[:1], ())
 
 
 def operand(i: int) -> Operand:
@@ -91,9 +93,13 @@ def data_leaf(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Node:
     return Node(DATA, (), None, dtype, shape, payload=buffer)
 
 
-def scalar_leaf(value: Any, dtype: str) -> Node:
-    """A Python number that is a graph parameter (changing it never recompiles)."""
-    return Node(SCALAR, (), None, dtype, (), payload=value)
+def scalar_leaf(value: Any, dtype: str, wrapped: bool = True) -> Node:
+    """A Python number that is a graph parameter (changing it never recompiles). ``wrapped``: a
+    Python number's; else a 0-dim tensor's value, the parameter made a 0-dim tensor by a
+    ``ZERO_DIM`` node (type promotion ranks a 0-dim tensor above a Python number: an int64 tensor
+    compared with a 0-dim float64 tensor compares in float64, with 1.5 in float32)."""
+    leaf = Node(SCALAR, (), None, dtype, (), payload=value)
+    return leaf if wrapped else Node(ZERO_DIM, (leaf,), _ZERO_DIM_ARG, dtype, ())
 
 
 def constant(value: Any, dtype: str, wrapped: bool = True) -> Node:

@@ -13,11 +13,10 @@ A graph is small when it has at most ``_NODES`` nodes, its device inputs have at
 ``_ELEMENTS``. A graph that keeps coming back compiles once its reads here have cost what a
 compile would (``_COMPILE_SECONDS``). ``empty`` gives zeros here, as in a compiled graph.
 Evaluated elsewhere (the graph compiles as any other): ops of our own (``lazy.*``, calls,
-control flow), random ops (their keys come from the device's RNG state), a graph on a mesh, and
-a Python float parameter that meets no floating-point tensor (eager's promotion of a Python
-float and of a 0-dim float64 tensor differ there, and the IR records both as a float64
-parameter). An error while evaluating, or a result whose shape or dtype is not the recorded
-one, sends the graph to the compiler, which raises eager's error where there is one.
+control flow; but a 0-dim CPU tensor operand's ``lazy.zero_dim`` is one here), random ops
+(their keys come from the device's RNG state) and a graph on a mesh. An error while evaluating,
+or a result whose shape or dtype is not the recorded one, sends the graph to the compiler, which
+raises eager's error where there is one.
 
 ``LAZY_HOST_READS=0`` turns this off (runtime/config.py); the test suite runs with it off, so its
 reads test the lowerings, and tests/lazy_torch/test_host_reads.py tests this path.
@@ -33,16 +32,13 @@ import torch
 
 import runtime
 from lazy_core.graph import Graph
-from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, Operand, fill
-from lazy_torch import _native
+from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, ZERO_DIM, Operand, fill
 from lazy_torch._dtypes import from_numpy, to_numpy, torch_dtype
 
 _NODES = 4096
 _INPUTS = 1 << 16
 _ELEMENTS = 1 << 22
 _EMPTY = "empty"  # an empty tensor's values are unspecified: zeros, as the compiled graph's
-_FLOATING = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
-
 # A graph read this often is one a compile pays for: once its reads here have taken this long in
 # all (a first compile of such a graph took 30 to 110 ms on this CPU), it compiles from then on,
 # so a loop that reads a graph every step runs it compiled, however slow it is here.
@@ -110,9 +106,9 @@ def _plan(entries: tuple) -> tuple | None:
             arg = number if wrapped else torch.tensor(number, dtype=torch_dtype(dtype))
         elif op.startswith("aten.") and "empty" in op.split(".")[1]:
             op = _EMPTY
-        elif op not in (DATA, SCALAR, GETITEM):
+        elif op not in (DATA, SCALAR, GETITEM, ZERO_DIM):
             func = _function(op)
-            if func is None or not _promotes_as_eager(entries, src):
+            if func is None:
                 return None
             op, arg = func, _template(func, arg)
         steps.append((op, arg, dtype, shape, src))
@@ -125,16 +121,16 @@ def _run(plan: tuple, params: tuple) -> list | None:
     for op, arg, dtype, shape, src in plan:
         if op == DATA:
             value = from_numpy(runtime.to_host(params[arg].payload), torch_dtype(dtype))
-        elif op == SCALAR:
+        elif op == SCALAR:  # a Python number (a 0-dim CPU tensor's is under a ZERO_DIM node)
             value = params[arg].payload
-            if _native.SCALAR_DTYPES.get(type(value)) != dtype:  # a 0-dim tensor's: its dtype
-                value = torch.tensor(value, dtype=torch_dtype(dtype))
         elif op == CONSTANT:
             value = arg
         elif op == GETITEM:
             value = env[src[0]][arg]
         elif op == _EMPTY:
             value = torch.zeros(shape, dtype=torch_dtype(dtype))
+        elif op == ZERO_DIM:
+            value = torch.tensor(env[src[0]], dtype=torch_dtype(dtype))
         else:
             args, kwargs, precision = arg
             if precision is not None and precision != torch.get_float32_matmul_precision():
@@ -167,14 +163,6 @@ def _as_recorded(value: Any, dtype: Any, shape: Any) -> bool:
         and value.dtype == torch_dtype(dtype)
         and tuple(value.shape) == shape
     )
-
-
-def _promotes_as_eager(entries: tuple, src: tuple) -> bool:
-    """False where a float64 parameter (a Python float, or a 0-dim float64 CPU tensor: the IR
-    records both alike) meets no floating-point tensor, where eager promotes the two differently."""
-    ops = [(entries[s][0], entries[s][2]) for s in src]
-    ambiguous = any(op == SCALAR and d in ("float64", "complex128") for op, d in ops)
-    return not ambiguous or any(op != SCALAR and d in _FLOATING for op, d in ops)
 
 
 _functions: dict[str, Any] = {}

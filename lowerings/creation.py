@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from lazy_core.ir import ZERO_DIM
 from lowerings.dtypes import cast
 from lowerings.registry import lowering
 
@@ -61,6 +62,13 @@ def _fill(ctx, self, value, **kwargs):
 @lowering("aten.scalar_tensor.default")
 def _scalar_tensor(ctx, s, **kwargs):
     return cast(s, ctx.dtype)
+
+
+@lowering(ZERO_DIM)
+def _zero_dim(ctx, s):
+    # A 0-dim CPU tensor operand's parameter as a value of its own: the parameter itself is what
+    # lowerings rank as a Python number in type promotion (ctx.is_scalar).
+    return jnp.array(s, dtype=ctx.dtype, copy=True)
 
 
 @lowering("aten.arange.default", "aten.arange.start", "aten.arange.start_step")

@@ -43,7 +43,7 @@ struct Config {
     PyObject* generator_type = nullptr;  // torch.Generator: enters templates as None
     PyObject* symint_type = nullptr;   // torch.SymInt: enters templates as its int
     PyObject* str_types = nullptr;     // argument types that enter templates as str(value)
-    PyObject* scalar_leaf = nullptr;   // scalar_leaf(value, dtype): a graph-parameter leaf
+    PyObject* scalar_leaf = nullptr;   // scalar_leaf(value, dtype, wrapped): a graph parameter
     PyObject* constant = nullptr;      // constant(value, dtype, wrapped): a baked-in leaf
     PyObject* storage = nullptr;       // Storage(node, device)
     PyObject* operands = nullptr;      // tuple: Operand(i) for small i

@@ -126,12 +126,13 @@ PyObject* dtype_name_of(PyObject* dtype) {
 
 // The leaf of number ``v`` (of kind ``kind``) in IR dtype ``dtype``: a constant for 0 and 1, else
 // a graph parameter (always one with ``parameter``). ``wrapped``: a Python number, whose constants
-// are shared; a 0-dim tensor's keeps its dtype in type promotion.
+// are shared; a 0-dim tensor's keeps its dtype in type promotion (its parameter is made a 0-dim
+// tensor by the front end's scalar_leaf).
 PyObject* scalar_node(PyObject* v, int kind, PyObject* dtype, bool wrapped,
                       bool parameter = false) {
     if (kind < 0 || parameter || !is_constant(v, kind)) {
-        PyObject* call[2] = {v, dtype};
-        return PyObject_Vectorcall(cfg.scalar_leaf, call, 2, nullptr);
+        PyObject* call[3] = {v, dtype, wrapped ? Py_True : Py_False};
+        return PyObject_Vectorcall(cfg.scalar_leaf, call, 3, nullptr);
     }
     Ref key;
     if (wrapped) {

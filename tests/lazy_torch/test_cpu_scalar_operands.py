@@ -78,3 +78,17 @@ def test_cpu_scalar_dividend_divides_each_element():
     # A scalar dividend once raised ZeroDivisionError: the error replay divided it by zeros.
     out = torch.tensor(3) // torch.arange(1, 4, device="lazy")
     assert out.cpu().tolist() == [3, 1, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_a_0dim_tensor_outranks_a_python_number_in_promotion(dtype):
+    # With an int64 tensor, eager compares in the 0-dim tensor's dtype (16777217 is no float32),
+    # and in float32 (complex64) with a Python number: the graph parameter alone cannot say which
+    # it was, its lazy.zero_dim node does.
+    x = torch.tensor([16777217, 3])
+    s = torch.tensor(16777216.5, dtype=dtype)
+    ops = [lambda t, s: t == s] + ([] if dtype.is_complex else [lambda t, s: t > s])
+    for fn in ops:
+        for scalar in (s, s.item()):
+            assert fn(x.to("lazy"), scalar).cpu().tolist() == fn(x, scalar).tolist()
+    assert (x.to("lazy") + s).cpu().dtype == (x + s).dtype
