@@ -71,10 +71,10 @@ def _map_limit() -> int:
 MAPPINGS: int = int(os.environ.get("LAZY_MAPPINGS", "").strip() or _map_limit() // 2)
 
 # Op-by-op execution (runtime/interpret.py): once this many different graphs have been compiled
-# for one user call site (the line of a mark_step or .item() in a loop whose graphs keep changing:
-# episodes of new lengths, a longer sequence each token), a new graph there runs node by node on
-# executables shared by every graph instead of being compiled whole; a graph that comes back is
-# then compiled. 0 turns it off.
+# for one user call site with none of its graphs coming back in between (the line of a mark_step
+# or .item() in a loop whose graphs keep changing: episodes of new lengths, a longer sequence each
+# token), a new graph there runs node by node on executables shared by every graph instead of
+# being compiled whole; a graph that comes back is then compiled. 0 turns it off.
 INTERPRET_AFTER: int = max(0, int(os.environ.get("LAZY_INTERPRET_AFTER", "4").strip() or 4))
 
 # Compute a partial sync's small graph (an input check's .item(), a short sequence read at the end:

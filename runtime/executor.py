@@ -99,6 +99,8 @@ def run_graph(
         _site_graphs[site] = _site_graphs.get(site, 0) + 1
         if recycles:
             _donations.compiled(graph.key, plan)
+    elif site in _site_graphs:
+        del _site_graphs[site]  # its graphs come back: a new one is worth compiling whole
     if layouts is not None and exe.placements is not None:
         layouts[:] = exe.placements
     values = [*_param_values(graph, exe, device_index, spmd), *plan.values]
@@ -205,8 +207,11 @@ def _param_values(
     return values
 
 
-# Per user call site: how many graphs were compiled whole for it. Per graph key: whether it ran
-# op by op once already (a graph that comes back is compiled).
+# Per user call site: how many graphs were compiled whole for it since a graph there last came
+# back (a cache hit): a site whose graphs keep changing never has one, while one that settles on a
+# steady graph (a generation loop's decoding step) starts counting again, so the few graphs of its
+# next shape set (another batch size) compile whole too. Per graph key: whether it ran op by op
+# once already (a graph that comes back is compiled).
 _site_graphs: dict[str, int] = {}
 _interpreted_once: collections.OrderedDict[int, None] = collections.OrderedDict()
 

@@ -58,6 +58,26 @@ def test_a_site_whose_graphs_keep_changing_runs_them_op_by_op(monkeypatch):
     assert _counter("compiles") == later + 1 and _counter("interpreted_graphs") == 8
 
 
+def test_a_site_that_settles_on_a_steady_graph_compiles_a_new_shape_sets_graphs_whole(monkeypatch):
+    # transformers' stopping check: a prefill, a first step and a steady step per batch size; a
+    # second batch size's graphs are few and come back, so they compile whole (op by op, they
+    # cost op executables, and in bfloat16 round apart from the whole graph's).
+    monkeypatch.setattr(config, "INTERPRET_AFTER", 3)
+    executor.drop_cache()  # other tests' graphs of these ops
+
+    def step(x, k):  # a graph per (shape, k), read at one line
+        y = x
+        for _ in range(k):
+            y = y * 2 + 1
+        return y.sum().item()
+
+    for n in (4, 8, 16):  # three shape sets, each: two one-off graphs, then a steady one
+        x = torch.randn(n).to("lazy")
+        for k in (1, 2, 3, 3, 3):
+            step(x, k)
+    assert _counter("interpreted_graphs") == 0 and _counter("compiles") == 9
+
+
 def test_a_graph_of_mostly_new_ops_is_compiled_whole(monkeypatch):
     monkeypatch.setattr(config, "INTERPRET_AFTER", 1)
     for n in (3, 4, 5):  # a new shape each time: every op executable would be new
