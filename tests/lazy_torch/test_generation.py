@@ -133,6 +133,7 @@ def test_transformers_generate_on_a_compiled_model_compiles_three_graphs_then_no
     import runtime
 
     monkeypatch.setattr(runtime.config, "HOST_READS", True)
+    monkeypatch.setattr(runtime.spmd, "_active", [False])  # an earlier test's mesh: none here
     runtime.executor.drop_cache()  # the graphs of other tests of this model
     model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(5))

@@ -7,12 +7,14 @@ import pytest
 import torch
 
 import lazy_torch
-import runtime.config
+import runtime
 
 
 @pytest.fixture(autouse=True)
 def _host_reads(monkeypatch):
     monkeypatch.setattr(runtime.config, "HOST_READS", True)  # tests/conftest.py turns it off
+    # A mesh that an earlier test in this process made keeps every later read off the host.
+    monkeypatch.setattr(runtime.spmd, "_active", [False])
 
 
 def _count(name: str) -> int:
@@ -168,3 +170,10 @@ def test_a_graph_read_again_and_again_compiles_once_its_reads_cost_what_a_compil
     compiles = _count("compiles")
     assert [(x * 2).sum().item() for _ in range(3)] == [12, 12, 12]
     assert _count("host_reads") == 1 and _count("compiles") == compiles + 1
+
+
+def test_once_a_mesh_is_made_reads_compile(monkeypatch):
+    # A value on a mesh spans devices (and processes, where every one must read it at once).
+    monkeypatch.setattr(runtime.spmd, "_active", [True])
+    assert (torch.arange(3, device="lazy") > 1).any().item()
+    assert _count("host_reads") == 0 and _count("compiles") == 1
