@@ -14,7 +14,8 @@ A graph is small when it has at most ``_NODES`` nodes, its device inputs have at
 compile would (``_COMPILE_SECONDS``). ``empty`` gives zeros here, as in a compiled graph.
 Evaluated elsewhere (the graph compiles as any other): ops of our own (``lazy.*``, calls,
 control flow; but a 0-dim CPU tensor operand's ``lazy.zero_dim`` is one here), random ops
-(their keys come from the device's RNG state) and a graph on a mesh. An error while evaluating,
+(their keys come from the device's RNG state), decompositions unique only up to signs
+(``_NOT_UNIQUE``) and a graph on a mesh. An error while evaluating,
 or a result whose shape or dtype is not the recorded one, sends the graph to the compiler, which
 raises eager's error where there is one.
 
@@ -39,6 +40,10 @@ _NODES = 4096
 _INPUTS = 1 << 16
 _ELEMENTS = 1 << 22
 _EMPTY = "empty"  # an empty tensor's values are unspecified: zeros, as the compiled graph's
+# Decompositions whose results are unique only up to signs or phases: LAPACK here and XLA's
+# kernel may choose differently, and a later graph that computes the same op again (for an output
+# this read did not keep) must agree with this read's outputs.
+_NOT_UNIQUE = ("eig", "svd", "qr", "geqrf")
 # A graph read this often is one a compile pays for: once its reads here have taken this long in
 # all (a first compile of such a graph took 30 to 110 ms on this CPU), it compiles from then on,
 # so a loop that reads a graph every step runs it compiled, however slow it is here.
@@ -174,7 +179,7 @@ def _function(op: str) -> Any:
         return _functions[op]
     func = None
     parts = op.split(".")
-    if len(parts) == 3 and parts[0] == "aten":
+    if len(parts) == 3 and parts[0] == "aten" and not any(d in parts[1] for d in _NOT_UNIQUE):
         packet = getattr(torch.ops.aten, parts[1], None)
         found = getattr(packet, parts[2], None) if packet is not None else None
         if found is not None and torch.Tag.nondeterministic_seeded not in found.tags:
