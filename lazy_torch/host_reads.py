@@ -28,12 +28,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 import runtime
 from lazy_core.graph import Graph
 from lazy_core.ir import CONSTANT, DATA, GETITEM, SCALAR, ZERO_DIM, Operand, fill
+from lazy_core.window import numel
 from lazy_torch._dtypes import from_numpy, to_numpy, torch_dtype
 
 _NODES = 4096
@@ -102,8 +102,8 @@ def _plan(entries: tuple) -> tuple | None:
     steps = []
     for op, arg, dtype, shape, src in entries:
         shapes = shape if isinstance(dtype, tuple) else (shape,)
-        elements += sum(_numel(s) for s in shapes if s is not None)
-        inputs += _numel(shape) if op == DATA else 0
+        elements += sum(numel(s) for s in shapes if s is not None)
+        inputs += numel(shape) if op == DATA else 0
         if elements > _ELEMENTS or inputs > _INPUTS:
             return None
         if op == CONSTANT:
@@ -213,7 +213,3 @@ def _revive(value: Any, type_name: str) -> Any:
     if "Layout" in type_name or "MemoryFormat" in type_name:
         return getattr(torch, value.removeprefix("torch."))
     return value
-
-
-def _numel(shape: tuple) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
