@@ -14,8 +14,9 @@ the next (``b[i] = b[i] + 1`` in a ``while_loop`` body updates ``b`` in every it
 ``cond`` branch that writes into one of its operands writes the operand.
 
 The bodies must be pure tensor programs: a body that syncs (``.item()``, printing a value, a
-data-dependent shape) raises, naming the operator; random numbers may be drawn in a ``cond``
-branch but not in a loop body (each iteration would draw the same). ``torch.cond`` is
+data-dependent shape) raises, naming the operator. Random numbers may be drawn anywhere: the
+device RNG state is one more storage a loop body writes (it re-keys the state at its end), so
+it is carried and each iteration draws anew. ``torch.cond`` is
 differentiable in its floating-point operands (its backward is another ``cond`` of the branches'
 vector-Jacobian products); the loops record no autograd graph and raise where one is wanted. A
 body that reads a tensor of the enclosing scope that requires grad raises (pass it as an
@@ -112,17 +113,21 @@ def _placeholders(metas: list[tuple[tuple[int, ...], torch.dtype]], device: int)
 def _trace(fn: Callable, metas: list, device: int, what: str, loop: bool) -> _Traced:
     """Run ``fn`` on placeholder tensors of ``metas`` recording IR only; every storage of the
     enclosing scope it writes gets its value back afterwards."""
+    if loop:  # draws before the loop keep their state; the body's re-key it (a carry)
+        _rng.rekey(device)
+        _rng.advance()
     inputs = _placeholders(metas, device)
     leaves = [t._lazy.storage.node for t in inputs]
     held = {id(t._lazy.storage) for t in inputs}
     before = {id(s): (s, s.node) for s in live_storages() if id(s) not in held}
-    draws = {d: s.draws for d, s in _rng._states.items()}
     previous, _sync.capture = _sync.capture, _NoSync(what)
     indexing = LazyTensor.__getitem__, LazyTensor.__setitem__
     LazyTensor.__getitem__, LazyTensor.__setitem__ = _getitem, _setitem
     outer_copies, _copies[:] = list(_copies), []
     try:
         out = fn(*inputs)
+        if loop:
+            _rng.advance()
         if any(s.node is not node for s, node in _copies):
             raise NotImplementedError(
                 f"{what} on lazy tensors: a body writes in place into b[i] indexed by a tensor, "
@@ -135,11 +140,6 @@ def _trace(fn: Callable, metas: list, device: int, what: str, loop: bool) -> _Tr
         writes = {i: (s, old, s.node) for i, (s, old) in before.items() if s.node is not old}
         for s, old, _ in writes.values():
             s.set(old)
-    if loop and any(s.draws != draws.get(d, 0) for d, s in _rng._states.items()):
-        raise NotImplementedError(
-            f"{what} on lazy tensors: random numbers drawn in a loop body would repeat in every "
-            "iteration; draw them outside the loop and pass them in"
-        )
     flat, spec = pytree.tree_flatten(out)
     for v in flat:
         if not isinstance(v, LazyTensor):
@@ -467,7 +467,9 @@ def while_loop(cond_fn: Callable, body_fn: Callable, carried_inputs: tuple,
     writes = _loop_carries(body, what)
     check = _trace(lambda *c: cond_fn(*c, *extra_in), metas, device, what, loop=True)
     if check.writes or check.written_inputs():
-        raise RuntimeError(f"{what} on lazy tensors: cond_fn writes a tensor in place")
+        raise RuntimeError(
+            f"{what} on lazy tensors: cond_fn writes a tensor in place or draws random numbers"
+        )
     if check.metas() not in ([((), torch.bool)], [((1,), torch.bool)]):
         raise RuntimeError(
             f"{what}: cond_fn must return a boolean tensor of one element, got {check.metas()}"

@@ -95,10 +95,18 @@ def state_shape(device: int) -> tuple[int, ...]:
 
 def advance() -> None:
     """At a barrier: re-key every state that was drawn from this step."""
-    for rng in _states.values():
-        if rng.draws:
-            rng.storage.set(rng.moved(_ADVANCE))
-            rng.draws = 0
+    for device in _states:
+        rekey(device)
+
+
+def rekey(device: int) -> None:
+    """Re-key the state of ``device`` (made if missing) where it was drawn from since: later
+    draws start a sequence of their own. A loop body ends with it, so the state is a carry of
+    the loop and each iteration draws anew (control_flow.py)."""
+    rng = _rng(device)
+    if rng.draws:
+        rng.storage.set(rng.moved(_ADVANCE))
+        rng.draws = 0
 
 
 def settle(device: int) -> Storage | None:

@@ -145,14 +145,52 @@ def test_scan_of_index_reads_inside_the_body():
         assert torch.equal(g.cpu(), e)
 
 
-def test_bodies_that_sync_draw_random_numbers_or_need_grad_raise_clear_errors():
+def test_loop_bodies_draw_anew_each_iteration_reproducibly_without_syncs():
+    def run(trips):
+        lazy_torch.manual_seed(3)
+        rows = torch.zeros(4, 3, device="lazy")
+        before = torch.rand(3, device="lazy")
+
+        def body(i, total):
+            rows[i] = torch.rand(3, device="lazy")  # the RNG state is carried like rows
+            return i + 1, total + torch.randn((), device="lazy")
+
+        with torch.no_grad():
+            start = (torch.tensor(0, device="lazy"), torch.zeros((), device="lazy"))
+            _, total = while_loop(lambda i, t: i < trips, body, start)
+            after = torch.rand(3, device="lazy")
+            zeros = torch.zeros(3, 2, device="lazy")
+            _, ys = scan(lambda c, x: (c + 1, torch.rand(2, device="lazy") + x), zeros[0, 0], zeros)
+        syncs = _syncs()
+        lazy_torch.mark_step()
+        assert _syncs() == syncs  # nothing was read while recording
+        return [t.cpu() for t in (before, rows, total, after, ys)]
+
+    trips = torch.tensor(4, device="lazy")
+    lazy_torch.mark_step()  # device data, as every later trip count
+    compiles = _count("compiles")
+    first, again = run(trips), run(trips)
+    assert _count("compiles") - compiles == 1  # one graph, replayed
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)  # the seed decides every draw
+    before, rows, _, after, ys = first
+    values = torch.cat([before, rows.flatten(), after, ys.flatten()])
+    assert len(set(values.tolist())) == len(values) and 0 <= values.min() and values.max() < 1
+    trips = torch.tensor(2, device="lazy")
+    lazy_torch.mark_step()
+    fewer = run(trips)
+    assert torch.equal(fewer[1][:2], rows[:2]) and not fewer[1][2:].any()
+    assert _count("compiles") - compiles == 1  # the trip count is data
+
+
+def test_bodies_that_sync_or_need_grad_raise_clear_errors():
     x = torch.ones(3, device="lazy")
     with torch.no_grad():
         with pytest.raises(RuntimeError, match=r"pure tensor program.*syncs \(item\)"):
             torch.cond(x.sum() > 0, lambda a: a * a.sum().item(), lambda a: a, (x,))
-        with pytest.raises(NotImplementedError, match="random numbers"):
-            while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v + torch.rand(3, device="lazy")),
-                       (torch.tensor(0, device="lazy"), x))  # fmt: skip
+        with pytest.raises(RuntimeError, match="cond_fn writes a tensor in place or draws"):
+            while_loop(lambda i: i < torch.rand((), device="lazy") * 3, lambda i: (i + 1,),
+                       (torch.tensor(0, device="lazy"),))  # fmt: skip
         with pytest.raises(NotImplementedError, match=r"writes in place into b\[i\]"):
             while_loop(lambda i: i < 2, lambda i: (x[i].add_(1), i + 1)[1:],
                        (torch.tensor(0, device="lazy"),))  # fmt: skip
