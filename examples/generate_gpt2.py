@@ -3,9 +3,9 @@ downloaded) on device='lazy', greedy and sampled, against eager PyTorch on the C
 
 Prints, per run: lazy's tokens per second in a third call (the first one compiles: its time is
 printed too), the compiles and the syncs of the three calls, eager's tokens per second, and whether
-greedy tokens equal eager's. ``lazy_torch.generate`` runs the whole padded sequence each step
-(no KV cache) with one program for every token. The last run is transformers' own ``generate()``
-with a static KV cache on a ``lazy_torch.compile``d model: each decoding step replays one capture.
+greedy tokens equal eager's. ``lazy_torch.generate`` decodes every token inside one in-graph
+loop against a static KV cache. The last run is transformers' own ``generate()`` with a static
+KV cache on a ``lazy_torch.compile``d model: each decoding step replays one capture.
 
 python examples/generate_gpt2.py                           # tiny config, 100 new tokens
 python examples/generate_gpt2.py --size 124m --tokens 50   # GPT-2 124M's shapes

@@ -17,7 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import runtime
-from lazy_torch import step_state
+from lazy_torch import control_flow, step_state
 from lazy_torch.capture import (
     CAPTURE_LIMIT,
     EAGER,
@@ -96,6 +96,8 @@ class _Compiled:
         call = self.fn if module is None else functools.partial(self.fn, module)
         if module is not None and self.modules is None:
             self._read_module()
+        if control_flow.tracing():  # a loop or branch body: recorded once, into its node
+            return call(*args, **kwargs)
         if module is not None and self._hooked():
             return self._op_by_op(call, args, kwargs, "the module has hooks")
         top, spec = pytree.tree_flatten((args, kwargs))

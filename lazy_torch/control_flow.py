@@ -73,6 +73,13 @@ class _NoSync:
         )
 
 
+def tracing() -> bool:
+    """Whether a branch or body is being traced: a ``lazy_torch.compile``d call inside runs op
+    by op, recorded into the body like any other ops (its capture would hold the body's
+    placeholders)."""
+    return type(_sync.capture) is _NoSync
+
+
 class _Traced:
     """One traced body: its results (lazy tensors) and their pytree spec, the storages of the
     enclosing scope it wrote (id -> (storage, value before, value after)), its explicit inputs'
@@ -137,7 +144,11 @@ def _trace(fn: Callable, metas: list, device: int, what: str, loop: bool) -> _Tr
         _sync.capture = previous
         LazyTensor.__getitem__, LazyTensor.__setitem__ = indexing
         _copies[:] = outer_copies
-        writes = {i: (s, old, s.node) for i, (s, old) in before.items() if s.node is not old}
+        # In the order their old values were recorded (not the storages' creation order), so the
+        # node's operands are the same for the same program.
+        written = sorted((i for i, (s, old) in before.items() if s.node is not old),
+                         key=lambda i: before[i][1].seq)  # fmt: skip
+        writes = {i: (before[i][0], before[i][1], before[i][0].node) for i in written}
         for s, old, _ in writes.values():
             s.set(old)
     flat, spec = pytree.tree_flatten(out)

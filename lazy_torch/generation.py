@@ -1,18 +1,21 @@
-"""``lazy_torch.generate``: autoregressive decoding with a bounded number of compiles.
+"""``lazy_torch.generate``: autoregressive decoding as one in-graph loop.
 
-A decoding loop whose sequence grows by a token per step records a graph of a new shape per
-token, so a lazy backend compiles once per length. ``generate`` keeps every shape fixed instead:
-the tokens live in a buffer padded to a length bucket (the next power of two, at most the model's
-positions), the position being written is a device scalar, and each step runs the model over the
-whole buffer. A causal model's logits at position ``p`` depend only on tokens up to ``p``, so the
-padding after the written positions changes nothing. Every step is the same program: one compile
-per (batch size, bucket), so compiles grow with the logarithm of the length, and no step syncs
-unless ``eos_token_id`` is given (then one sync every ``check_every`` tokens asks whether every
-sequence has finished).
+A decoding loop in Python records a graph per token, and a sequence that grows by a token per
+step gives each graph a new shape, so a lazy backend compiles once per length; with a sync per
+token (an EOS check) the host waits for the device every token. ``generate`` records the whole
+decoding loop as one ``while_loop`` node instead (control_flow.py), so every token runs inside
+one XLA program: no Python, no dispatch and no sync between tokens, and the loop stops on the
+device once every row has produced EOS.
 
-The price is work: each step runs the full bucket, not one token against a KV cache. For long
-generations of large models, a static KV cache (transformers' ``cache_implementation="static"``)
-does less work per token.
+Every shape is fixed. The tokens live in a buffer padded to a length bucket (the next power of
+two of prompt plus new tokens, at most the model's positions), and the position written next is
+a device scalar carried by the loop. A transformers model that supports a static KV cache
+(``_can_compile_fullgraph``) decodes against a ``StaticCache`` of the bucket's length: a prefill
+over the prompt, then one token per iteration (the cache's writes are carried by the loop). Any
+other causal model (one returning logits ``(batch, length, vocab)``) runs over the whole buffer
+every iteration; its logits at a position depend only on the tokens before it, so the padding
+changes nothing. Compiles: one prefill per (batch, prompt length, bucket) and one loop per
+(batch, bucket), whatever the number of tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._higher_order_ops.while_loop import while_loop
 
 from lazy_torch import sync as _sync
 from lazy_torch.capture import compile_session
@@ -72,6 +76,52 @@ def _next_token(
     return (logits - torch.log(-torch.log(uniform))).argmax(-1)
 
 
+def _static_cache(model: Any, length: int) -> Any:
+    """A transformers ``StaticCache`` of ``length`` positions for ``model``, or None where the
+    model cannot decode against one."""
+    if not getattr(model, "_can_compile_fullgraph", False) or not hasattr(model, "config"):
+        return None
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=length)
+
+
+def _decoders(model: Callable, ids: torch.Tensor, prompt: int, use_cache: bool | None) -> tuple:
+    """The first new token's logits ``(batch, vocab)``, and the step: the logits of the token
+    after position ``pos`` (a 0-d tensor) whose token is ``token``, ``(batch, vocab)``."""
+    length = ids.shape[1]
+    cache = None if use_cache is False else _static_cache(model, length)
+    if use_cache and cache is None:
+        raise ValueError(
+            f"generate: use_cache=True needs a transformers model that supports a static KV "
+            f"cache; {type(model).__name__} does not"
+        )
+    last = torch.tensor([prompt - 1], device=ids.device)
+    if cache is not None:
+        positions = torch.arange(prompt, device=ids.device)
+        out = model(
+            ids[:, :prompt], past_key_values=cache, cache_position=positions, use_cache=True
+        )
+
+        def step(pos: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+            out = model(token[:, None], past_key_values=cache, cache_position=pos.reshape(1))
+            return _logits_of(out)[:, -1]
+
+        return _logits_of(out).index_select(1, last).squeeze(1), step
+    kwargs = {"use_cache": False} if hasattr(model, "generation_config") else {}
+
+    def whole(pos: torch.Tensor) -> torch.Tensor:
+        logits = _logits_of(model(ids, **kwargs))
+        if logits.shape[1] != length:
+            raise ValueError(
+                f"generate: the model returned logits for {logits.shape[1]} of {length} "
+                "positions; without a KV cache it must return them for every position"
+            )
+        return logits.index_select(1, pos.reshape(1)).squeeze(1)
+
+    return whole(last), lambda pos, token: whole(pos)
+
+
 def generate(
     model: Callable,
     input_ids: torch.Tensor,
@@ -82,16 +132,16 @@ def generate(
     top_k: int | None = None,
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
-    check_every: int = 8,
-    bucket: bool = True,
+    use_cache: bool | None = None,
 ) -> torch.Tensor:
     """Append up to ``max_new_tokens`` tokens to each row of ``input_ids`` (``(batch, prompt)``
     int64, on the lazy device or the CPU) with ``model`` (a causal LM: transformers' or any
     module returning logits ``(batch, length, vocab)``), greedy or sampled (``temperature``,
-    ``top_k``). With ``eos_token_id``, a finished row gets ``pad_token_id`` (default: the EOS
-    token) after it, and decoding stops once every row has finished, checked every
-    ``check_every`` tokens. Returns ``(batch, prompt + generated)`` on the lazy device; a
-    ``mark_step`` ends every token's step.
+    ``top_k``, from the lazy device's generator). With ``eos_token_id``, a finished row gets
+    ``pad_token_id`` (default: the EOS token) after it, and decoding stops once every row has
+    finished. ``use_cache``: decode against a static KV cache (default: where the model supports
+    one). Returns ``(batch, prompt + generated)`` on the lazy device; its graph is dispatched
+    (``mark_step``), and only with ``eos_token_id`` is one value read (the final length).
 
     >>> import torch, transformers, lazy_torch
     >>> config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
@@ -108,34 +158,38 @@ def generate(
         raise ValueError(f"generate: max_new_tokens must be positive, got {max_new_tokens}")
     batch, prompt = input_ids.shape
     total = prompt + max_new_tokens
-    length = bucket_length(total, _positions(model)) if bucket else total
+    length = bucket_length(total, _positions(model))
     device = torch.device("lazy", input_ids.device.index or 0) if input_ids.device.type == "lazy" \
         else torch.device("lazy")  # fmt: skip
     pad = eos_token_id if pad_token_id is None else pad_token_id
-    ids = torch.zeros(batch, length, dtype=torch.long, device=device)
-    ids[:, :prompt] = input_ids.to(device)
-    pos = torch.tensor(prompt, device=device)  # the position written next, on the device
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    kwargs = {"use_cache": False} if hasattr(model, "generation_config") else {}
-    done_at = torch.zeros((), dtype=torch.long, device=device)  # the length once all finished
-    steps = 0
-    with torch.no_grad():
-        for steps in range(1, max_new_tokens + 1):
-            with compile_session():  # transformers builds its masks instead of asking the device
-                logits = _logits_of(model(ids, **kwargs))
-            last = logits.index_select(1, (pos - 1).reshape(1)).squeeze(1)
-            token = _next_token(last, do_sample, temperature, top_k)
-            if eos_token_id is not None:
-                token = torch.where(finished, torch.full_like(token, pad), token)
-                finished = finished | (token == eos_token_id)
-            ids.index_copy_(1, pos.reshape(1), token.unsqueeze(1))
-            pos = pos + 1
-            if eos_token_id is not None:
-                done_at = torch.where((done_at == 0) & finished.all(), pos, done_at)
-            _sync.mark_step()
-            if eos_token_id is not None and steps % check_every == 0 and bool(done_at != 0):
-                break
-    end = prompt + steps
-    if eos_token_id is not None:
-        end = int(done_at) or end  # where every row had finished, as transformers stops
+
+    def choose(logits: torch.Tensor, finished: torch.Tensor) -> tuple:
+        token = _next_token(logits, do_sample, temperature, top_k)
+        if eos_token_id is None:
+            return token, finished
+        token = torch.where(finished, torch.full_like(token, pad), token)
+        return token, finished | (token == eos_token_id)
+
+    # transformers builds its masks and cache writes without asking the device for values
+    with torch.no_grad(), compile_session():
+        ids = torch.zeros(batch, length, dtype=torch.long, device=device)
+        ids[:, :prompt] = input_ids.to(device)
+        first, step = _decoders(model, ids, prompt, use_cache)
+        token, finished = choose(first, torch.zeros(batch, dtype=torch.bool, device=device))
+        ids[:, prompt] = token
+        _sync.mark_step()  # the prefill: a program of its own, so the loop's serves every prompt
+        last = torch.tensor(total - 1, device=device)  # data: one loop for any token count
+
+        def more(pos: torch.Tensor, token: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
+            return (pos < last) & ~finished.all()
+
+        def decode(pos: torch.Tensor, token: torch.Tensor, finished: torch.Tensor) -> tuple:
+            token, finished = choose(step(pos, token), finished)
+            ids.index_copy_(1, (pos + 1).reshape(1), token[:, None])  # the loop carries ids
+            return pos + 1, token, finished
+
+        start = (torch.tensor(prompt, device=device), token, finished)
+        pos, _, _ = while_loop(more, decode, start)
+        _sync.mark_step()
+    end = total if eos_token_id is None else int(pos) + 1  # where every row had finished
     return ids[:, :end]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import operator
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -196,6 +197,9 @@ def configure_cuts(every: int) -> None:
     _native.configure_cuts(every, _auto_cut)
 
 
+_recorded = operator.attrgetter("node.seq")
+
+
 def mark_step(wait: bool = False) -> None:
     """Cut the pending graph of every live lazy tensor and dispatch it; returns without waiting.
 
@@ -214,6 +218,9 @@ def mark_step(wait: bool = False) -> None:
     runtime.metrics.count("mark_steps")
     _rng.advance()
     pending, held = pending_and_held()
+    # Roots in the order their values were recorded, not the storages' creation order: a program
+    # that made a storage (the RNG state, say) later in one run than in another is the same graph.
+    pending.sort(key=_recorded)
     held.update(runtime.reused_buffers())  # results of parameter-free graphs are reused later
     sync(pending, cause="mark_step", held=held if runtime.config.DONATE else None)
     runtime.metrics.time("mark_step_time", time.perf_counter() - start)

@@ -13,7 +13,7 @@ from lazy_torch.generation import bucket_length
 
 def _model() -> transformers.GPT2LMHeadModel:
     config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=128,
+        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=128, initializer_range=0.3,
         bos_token_id=0, eos_token_id=0, pad_token_id=0,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -25,49 +25,94 @@ def _count(prefix: str) -> int:
     return sum(v for k, v in counters.items() if k.startswith(prefix))
 
 
-def test_greedy_tokens_equal_transformers_and_compiles_do_not_grow_with_tokens():
-    model = _model()
+def _syncs() -> int:
+    return _count("syncs::") - _count("syncs::mark_step")
+
+
+def test_greedy_tokens_equal_transformers_in_one_loop_for_any_length():
+    # One in-graph loop per (batch, bucket): with and without a KV cache, for any token count
+    # within the bucket, no sync before the result is read.
+    import runtime
+
+    runtime.executor.drop_cache()  # other tests' graphs of this model
+    model, lazy = _model(), _model().to("lazy")
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(1))
-    lazy = _model().to("lazy")
-    for tokens in (11, 27):  # one bucket: 16 and 32 positions
-        with torch.no_grad():
-            expected = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens)
-        compiles, syncs = _count("compiles"), _count("syncs::") - _count("syncs::mark_step")
-        got = lazy_torch.generate(lazy, prompt, max_new_tokens=tokens)
-        assert _count("syncs::") - _count("syncs::mark_step") == syncs  # none
-        assert torch.equal(got.cpu(), expected)
-        assert _count("compiles") - compiles <= 3  # the first steps' and the result's slice
+    for use_cache in (None, False):
+        compiles = []
+        for tokens in (9, 11, 3):  # buckets of 16, 16 and 8 positions
+            with torch.no_grad():
+                expected = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens)
+            before, syncs = _count("compiles"), _syncs()
+            got = lazy_torch.generate(lazy, prompt, max_new_tokens=tokens, use_cache=use_cache)
+            assert _syncs() == syncs
+            compiles.append(_count("compiles") - before)
+            assert torch.equal(got.cpu(), expected)
+        assert len(set(expected[0, 5:].tolist())) > 1  # the model does not repeat one token
+        assert compiles[0] <= 3 and compiles[1] == 0, compiles  # the prefill, the loop, a fill
+        assert compiles[2] <= 3, compiles  # a new bucket
 
 
-def test_eos_stops_as_transformers_stops():
-    model = _model()
+def test_a_compiled_model_decodes_inside_the_loop():
+    model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
+    prompt = torch.randint(1, 64, (1, 4), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=7, min_new_tokens=7)
+    for _ in range(2):
+        assert torch.equal(lazy_torch.generate(lazy, prompt, max_new_tokens=7).cpu(), expected)
+    out = lazy(prompt.to("lazy")).logits  # and its calls outside a loop still replay
+    assert torch.allclose(out.cpu(), model(prompt).logits, atol=1e-5)
+
+
+def test_eos_stops_as_transformers_stops_with_one_read():
+    model, lazy = _model(), _model().to("lazy")
     prompt = torch.randint(1, 64, (2, 4), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         free = model.generate(prompt, max_new_tokens=12, min_new_tokens=12)
-    eos = int(free[0, 6])  # row 0 generates it from its first new token on, row 1 never
-    lazy = _model().to("lazy")
-    for rows in (prompt, prompt[:1]):  # padding after EOS; every row finished: a shorter result
-        with torch.no_grad():
-            expected = model.generate(rows, max_new_tokens=12, eos_token_id=eos, pad_token_id=63)
-        got = lazy_torch.generate(
-            lazy, rows, max_new_tokens=12, eos_token_id=eos, pad_token_id=63, check_every=4
-        )
-        assert torch.equal(got.cpu(), expected)
-    assert expected.shape == (1, 5)  # stopped at its first new token
+    eos = int(free[0, 6])  # row 0 makes it as its third new token
+    for rows in (prompt, prompt[:1]):  # the last: every row finished, a shorter result
+        for use_cache in (None, False):
+            with torch.no_grad():
+                expected = model.generate(
+                    rows, max_new_tokens=12, eos_token_id=eos, pad_token_id=63
+                )
+            syncs = _syncs()
+            got = lazy_torch.generate(
+                lazy, rows, max_new_tokens=12, eos_token_id=eos, pad_token_id=63,
+                use_cache=use_cache,
+            )  # fmt: skip
+            assert _syncs() == syncs  # the length is read from the dispatched loop's result
+            assert torch.equal(got.cpu(), expected)
+    assert expected.shape[1] < 4 + 12 and expected[0, -1] == eos
 
 
-def test_sampling_draws_from_the_lazy_generator_and_stays_in_top_k():
+def test_sampling_draws_anew_each_token_from_the_lazy_generator():
     lazy = _model().to("lazy")
     prompt = torch.tensor([[3, 4, 5]])
     lazy_torch.manual_seed(7)
     a = lazy_torch.generate(lazy, prompt, max_new_tokens=6, do_sample=True, top_k=1).cpu()
     greedy = lazy_torch.generate(lazy, prompt, max_new_tokens=6).cpu()
     assert torch.equal(a, greedy)  # top_k=1 is greedy
-    lazy_torch.manual_seed(7)
-    b = lazy_torch.generate(lazy, prompt, max_new_tokens=6, do_sample=True).cpu()
-    lazy_torch.manual_seed(7)
-    c = lazy_torch.generate(lazy, prompt, max_new_tokens=6, do_sample=True).cpu()
-    assert torch.equal(b, c) and b.shape == (1, 9) and int(b.max()) < 64
+    draws, compiles = [], []
+    for seed in (None, 7, 7, 8):  # the RNG state made before the call, then within it
+        if seed is not None:
+            lazy_torch.manual_seed(seed)
+        before = _count("compiles")
+        draws.append(lazy_torch.generate(lazy, prompt, 20, do_sample=True, temperature=100.0).cpu())
+        compiles.append(_count("compiles") - before)
+    assert compiles[1:] == [0, 0, 0], compiles  # one program, wherever the state was made
+    draws = draws[1:]
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    assert draws[0].shape == (1, 23) and int(draws[0].max()) < 64
+    assert len(set(draws[0][0, 3:].tolist())) > 5  # nearly uniform: each token drew anew
+
+
+class _LastLogits(torch.nn.Module):  # nanoGPT's inference path: the last position's logits
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 64)
+
+    def forward(self, ids: torch.Tensor) -> tuple:
+        return self.embed(ids)[:, -1:], None
 
 
 def test_bucket_lengths_and_bad_input():
@@ -77,6 +122,11 @@ def test_bucket_lengths_and_bad_input():
         lazy_torch.generate(_model().to("lazy"), torch.ones(1, 100, dtype=torch.long), 40)
     with pytest.raises(ValueError, match=r"\(batch, length\)"):
         lazy_torch.generate(_model().to("lazy"), torch.ones(5, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="logits for 1 of 8 positions"):
+        lazy_torch.generate(_LastLogits().to("lazy"), torch.ones(1, 3, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="use_cache=True needs a transformers model"):
+        lazy_torch.generate(_LastLogits().to("lazy"), torch.ones(1, 3, dtype=torch.long), 4,
+                            use_cache=True)  # fmt: skip
 
 
 def test_transformers_generate_with_a_static_cache_compiles_as_many_graphs_for_any_length():

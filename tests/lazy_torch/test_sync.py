@@ -45,6 +45,27 @@ def test_mark_step_computes_every_pending_value_in_one_graph():
     torch.testing.assert_close(x.cpu(), cpu + 1)
 
 
+def test_the_same_ops_on_storages_made_in_another_order_are_the_same_graph():
+    # mark_step's roots follow the order their values were recorded in, not the storages'
+    # creation order (the RNG state made at a program's first draw, say).
+    def run(p_first: bool) -> list:
+        made = [torch.full((2,), 5.0, device="lazy"), torch.zeros(2, device="lazy")]
+        p, q = made if p_first else made[::-1]
+        p.fill_(5.0)
+        q.zero_()
+        lazy_torch.mark_step()  # p made before q, or after
+        before = _counters().get("compiles", 0)
+        q.add_(1)
+        p.mul_(2)
+        lazy_torch.mark_step()
+        return [_counters().get("compiles", 0) - before, p.cpu().tolist(), q.cpu().tolist()]
+
+    executor.drop_cache()
+    first, second = run(True), run(False)
+    assert first[0] == 1 and second[0] == 0, (first, second)
+    assert first[1:] == second[1:] == [[10.0, 10.0], [1.0, 1.0]]
+
+
 def test_mark_step_with_nothing_pending_runs_nothing():
     x = torch.ones(2, device="lazy")
     lazy_torch.mark_step(wait=True)
