@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._higher_order_ops.while_loop import while_loop
+from torch._higher_order_ops.while_loop import while_loop_op
 
 from lazy_torch import sync as _sync
 from lazy_torch.capture import compile_session
@@ -189,7 +189,8 @@ def generate(
             return pos + 1, token, finished
 
         start = (torch.tensor(prompt, device=device), token, finished)
-        pos, _, _ = while_loop(more, decode, start)
+        # The operator itself: torch's wrapper compiles it with TorchDynamo in torch 2.11
+        pos, _, _ = while_loop_op(more, decode, start, ())
         _sync.mark_step()
     end = total if eos_token_id is None else int(pos) + 1  # where every row had finished
     return ids[:, :end]
