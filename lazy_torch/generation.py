@@ -170,6 +170,7 @@ def generate(
         token = torch.where(finished, torch.full_like(token, pad), token)
         return token, finished | (token == eos_token_id)
 
+    _sync.mark_step()  # what the program left pending: not in the prefill's graph
     # transformers builds its masks and cache writes without asking the device for values
     with torch.no_grad(), compile_session():
         ids = torch.zeros(batch, length, dtype=torch.long, device=device)
@@ -178,6 +179,8 @@ def generate(
         token, finished = choose(first, torch.zeros(batch, dtype=torch.bool, device=device))
         ids[:, prompt] = token
         _sync.mark_step()  # the prefill: a program of its own, so the loop's serves every prompt
+        if max_new_tokens == 1:
+            return ids[:, :total]
         last = torch.tensor(total - 1, device=device)  # data: one loop for any token count
 
         def more(pos: torch.Tensor, token: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
