@@ -31,6 +31,7 @@ changes nothing for calls without lazy tensors.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -544,24 +545,62 @@ def map_(f: Callable, xs: list, pos_args: list) -> Any:
     return scan(lambda *a: ((), f(*a)), [], list(xs), tuple(pos_args))[1]
 
 
+def _lazy_call(args: Any, kwargs: Any) -> bool:
+    return any(type(x) is LazyTensor for x in pytree.tree_leaves((args, kwargs)))
+
+
 def _install() -> None:
     """Route eager calls of PyTorch's control-flow operators with lazy tensors straight to the
-    operator (module docstring)."""
+    operator (module docstring): torch 2.12 on compiles them in ``_hop_compile_and_call``, torch
+    2.11 calls ``torch.compile`` itself inside ``setup_compilation_env``."""
     from torch._higher_order_ops import utils
 
     original = getattr(utils, "_hop_compile_and_call", None)
-    if original is None or getattr(original, "_lazy_patch", False):
+    if original is None:
+        _install_compile_env(utils)
+        return
+    if getattr(original, "_lazy_patch", False):
         return
 
     @functools.wraps(original)
     def _hop_compile_and_call(fn: Callable, args: tuple, kwargs: dict | None = None) -> Any:
-        leaves = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        if not any(isinstance(x, LazyTensor) for x in leaves):
+        if not _lazy_call(args, kwargs):
             return original(fn, args, kwargs)
         return fn(*args, **(kwargs or {}))
 
     _hop_compile_and_call._lazy_patch = True
     utils._hop_compile_and_call = _hop_compile_and_call
+
+
+def _install_compile_env(utils: Any) -> None:
+    """Inside ``setup_compilation_env`` (where torch 2.11's operators compile themselves),
+    ``torch.compile(fn, ...)`` gives a function that calls ``fn`` itself when given lazy tensors
+    (other calls compile as before)."""
+    env = getattr(utils, "setup_compilation_env", None)
+    if env is None or getattr(env, "_lazy_patch", False):
+        return
+
+    def compile_or_call(compile_: Callable, fn: Callable, *options: Any, **more: Any) -> Any:
+        compiled = compile_(fn, *options, **more)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs) if _lazy_call(args, kwargs) else compiled(*args, **kwargs)
+
+        return call
+
+    @contextlib.contextmanager
+    @functools.wraps(env)
+    def setup_compilation_env(*args: Any, **kwargs: Any) -> Any:
+        with env(*args, **kwargs) as backend:
+            compile_ = torch.compile
+            torch.compile = functools.partial(compile_or_call, compile_)
+            try:
+                yield backend
+            finally:
+                torch.compile = compile_
+
+    setup_compilation_env._lazy_patch = True
+    utils.setup_compilation_env = setup_compilation_env
 
 
 def _register() -> None:
