@@ -86,9 +86,12 @@ def _static_cache(model: Any, length: int) -> Any:
     return StaticCache(config=model.config, max_cache_len=length)
 
 
-def _decoders(model: Callable, ids: torch.Tensor, prompt: int, use_cache: bool | None) -> tuple:
+def _decoders(
+    model: Callable, ids: torch.Tensor, prompt: int, mask: torch.Tensor | None, use_cache: Any
+) -> tuple:
     """The first new token's logits ``(batch, vocab)``, and the step: the logits of the token
-    after position ``pos`` (a 0-d tensor) whose token is ``token``, ``(batch, vocab)``."""
+    after position ``pos`` (a 0-d tensor) whose token is ``token``, ``(batch, vocab)``. ``mask``:
+    the attention mask of the whole buffer (0 at a prompt's padding), or None."""
     length = ids.shape[1]
     cache = None if use_cache is False else _static_cache(model, length)
     if use_cache and cache is None:
@@ -97,18 +100,33 @@ def _decoders(model: Callable, ids: torch.Tensor, prompt: int, use_cache: bool |
             f"cache; {type(model).__name__} does not"
         )
     last = torch.tensor([prompt - 1], device=ids.device)
+    places = None
+    if mask is not None:  # as transformers numbers the positions of a padded row
+        places = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
+
+    def masked(upto: int | None, at: torch.Tensor | None = None) -> dict:
+        if mask is None:
+            return {}
+        where = places[:, :upto] if at is None else places.index_select(1, at.reshape(1))
+        return {"attention_mask": mask[:, :upto], "position_ids": where}
+
     if cache is not None:
         positions = torch.arange(prompt, device=ids.device)
         out = model(
-            ids[:, :prompt], past_key_values=cache, cache_position=positions, use_cache=True
-        )
+            ids[:, :prompt], past_key_values=cache, cache_position=positions, use_cache=True,
+            **masked(prompt),
+        )  # fmt: skip
 
         def step(pos: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-            out = model(token[:, None], past_key_values=cache, cache_position=pos.reshape(1))
+            out = model(
+                token[:, None], past_key_values=cache, cache_position=pos.reshape(1),
+                **masked(None, pos),
+            )  # fmt: skip
             return _logits_of(out)[:, -1]
 
         return _logits_of(out).index_select(1, last).squeeze(1), step
     kwargs = {"use_cache": False} if hasattr(model, "generation_config") else {}
+    kwargs.update(masked(None))
 
     def whole(pos: torch.Tensor) -> torch.Tensor:
         logits = _logits_of(model(ids, **kwargs))
@@ -132,6 +150,7 @@ def generate(
     top_k: int | None = None,
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
+    attention_mask: torch.Tensor | None = None,
     use_cache: bool | None = None,
 ) -> torch.Tensor:
     """Append up to ``max_new_tokens`` tokens to each row of ``input_ids`` (``(batch, prompt)``
@@ -139,9 +158,11 @@ def generate(
     module returning logits ``(batch, length, vocab)``), greedy or sampled (``temperature``,
     ``top_k``, from the lazy device's generator). With ``eos_token_id``, a finished row gets
     ``pad_token_id`` (default: the EOS token) after it, and decoding stops once every row has
-    finished. ``use_cache``: decode against a static KV cache (default: where the model supports
-    one). Returns ``(batch, prompt + generated)`` on the lazy device; its graph is dispatched
-    (``mark_step``), and only with ``eos_token_id`` is one value read (the final length).
+    finished. ``attention_mask`` (``(batch, prompt)``, 0 at padding): prompts of different
+    lengths, left-padded as transformers pads them. ``use_cache``: decode against a static KV
+    cache (default: where the model supports one). Returns ``(batch, prompt + generated)`` on
+    the lazy device; its graph is dispatched (``mark_step``), and only with ``eos_token_id`` is
+    one value read (the final length).
 
     >>> import torch, transformers, lazy_torch
     >>> config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
@@ -175,7 +196,16 @@ def generate(
     with torch.no_grad(), compile_session():
         ids = torch.zeros(batch, length, dtype=torch.long, device=device)
         ids[:, :prompt] = input_ids.to(device)
-        first, step = _decoders(model, ids, prompt, use_cache)
+        mask = None
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != (batch, prompt):
+                raise ValueError(
+                    f"generate: attention_mask must be {(batch, prompt)} like input_ids, got "
+                    f"{tuple(attention_mask.shape)}"
+                )
+            mask = torch.ones(batch, length, dtype=torch.long, device=device)
+            mask[:, :prompt] = attention_mask.to(device)
+        first, step = _decoders(model, ids, prompt, mask, use_cache)
         token, finished = choose(first, torch.zeros(batch, dtype=torch.bool, device=device))
         ids[:, prompt] = token
         _sync.mark_step()  # the prefill: a program of its own, so the loop's serves every prompt

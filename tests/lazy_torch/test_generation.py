@@ -85,6 +85,23 @@ def test_eos_stops_as_transformers_stops_with_one_read():
     assert expected.shape[1] < 4 + 12 and expected[0, -1] == eos
 
 
+def test_left_padded_prompts_with_an_attention_mask_equal_transformers():
+    model, lazy = _model(), _model().to("lazy")
+    ids = torch.randint(1, 64, (3, 6), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = mask[2, :4] = 0
+    ids[mask == 0] = 0
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=mask, max_new_tokens=9, min_new_tokens=9)
+    unmasked = lazy_torch.generate(lazy, ids, 9).cpu()
+    assert not torch.equal(unmasked, expected)  # the padding changes what the rows generate
+    for use_cache in (None, False):
+        got = lazy_torch.generate(lazy, ids, 9, attention_mask=mask, use_cache=use_cache)
+        assert torch.equal(got.cpu(), expected)
+    with pytest.raises(ValueError, match=r"attention_mask must be \(3, 6\)"):
+        lazy_torch.generate(lazy, ids, 9, attention_mask=mask[:, 1:])
+
+
 def test_sampling_draws_anew_each_token_from_the_lazy_generator():
     lazy = _model().to("lazy")
     prompt = torch.tensor([[3, 4, 5]])
