@@ -4,6 +4,9 @@ writes of enclosing tensors (through views too), runtime checks inside bodies, a
 
 from __future__ import annotations
 
+import contextlib
+import types
+
 import pytest
 import torch
 from torch._higher_order_ops.map import map as map_
@@ -229,12 +232,37 @@ def test_gradients_through_cond_match_eager():
 def test_the_patched_compile_route_is_still_pytorchs_for_other_tensors():
     from torch._higher_order_ops import utils
 
-    assert getattr(utils._hop_compile_and_call, "_lazy_patch", False)
-    assert utils._hop_compile_and_call.__wrapped__.__name__ == "_hop_compile_and_call"
+    route = getattr(utils, "_hop_compile_and_call", None)  # torch 2.11: setup_compilation_env
+    route = route if route is not None else utils.setup_compilation_env
+    assert getattr(route, "_lazy_patch", False)
+    assert route.__wrapped__.__name__ in ("_hop_compile_and_call", "setup_compilation_env")
     x = torch.arange(3.0)
     out = torch.cond(x.sum() > 0, lambda a: a + 1, lambda a: a - 1, (x,))
     assert out.tolist() == [1.0, 2.0, 3.0]
     assert control_flow.COND == "lazy.cond"
+
+
+def test_torch_2_11s_route_calls_the_operator_with_lazy_tensors_and_compiles_others():
+    # torch 2.11's operators call torch.compile themselves inside setup_compilation_env.
+    @contextlib.contextmanager
+    def setup_compilation_env():
+        yield "eager"
+
+    utils = types.SimpleNamespace(setup_compilation_env=setup_compilation_env)
+    control_flow._install_compile_env(utils)
+    seen = []
+
+    def operator(x):
+        seen.append(torch.compiler.is_compiling())
+        return x + 1
+
+    compile_ = torch.compile
+    with utils.setup_compilation_env() as backend:
+        on_lazy = torch.compile(operator, backend=backend)(torch.ones(2, device="lazy"))
+        on_cpu = torch.compile(operator, backend=backend)(torch.ones(2))
+    assert torch.compile is compile_
+    assert on_lazy.cpu().tolist() == on_cpu.tolist() == [2.0, 2.0]
+    assert seen == [False, True]  # called itself; traced by TorchDynamo
 
 
 @torch.no_grad()
