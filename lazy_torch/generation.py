@@ -20,6 +20,7 @@ changes nothing. Compiles: one prefill per (batch, prompt length, bucket) and on
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -100,15 +101,23 @@ def _decoders(
             f"cache; {type(model).__name__} does not"
         )
     last = torch.tensor([prompt - 1], device=ids.device)
-    places = None
-    if mask is not None:  # as transformers numbers the positions of a padded row
+    # The mask and the positions (numbered as transformers numbers a padded row's), given to a
+    # model that takes them, as transformers' generate() gives them: left to itself, a model may
+    # count them from the cache's length, a value read on the host (OPT).
+    forward = getattr(model, "forward", None)
+    taken = inspect.signature(forward).parameters if forward is not None else {}
+    if mask is None and "attention_mask" in taken:
+        mask = torch.ones(ids.shape, dtype=torch.long, device=ids.device)
+    takes = mask is not None and "position_ids" in taken
+    if takes:
         places = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
 
     def masked(upto: int | None, at: torch.Tensor | None = None) -> dict:
-        if mask is None:
-            return {}
-        where = places[:, :upto] if at is None else places.index_select(1, at.reshape(1))
-        return {"attention_mask": mask[:, :upto], "position_ids": where}
+        given = {} if mask is None else {"attention_mask": mask[:, :upto]}
+        if takes:
+            where = places[:, :upto] if at is None else places.index_select(1, at.reshape(1))
+            given["position_ids"] = where
+        return given
 
     if cache is not None:
         positions = torch.arange(prompt, device=ids.device)

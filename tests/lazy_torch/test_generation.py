@@ -85,6 +85,35 @@ def test_eos_stops_as_transformers_stops_with_one_read():
     assert expected.shape[1] < 4 + 12 and expected[0, -1] == eos
 
 
+def _decoder(kind: str) -> transformers.PreTrainedModel:
+    sizes = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    if kind == "llama":  # rotary positions, grouped-query attention
+        config = transformers.LlamaConfig(
+            **sizes, intermediate_size=128, num_key_value_heads=2, initializer_range=0.2
+        )
+        model = transformers.LlamaForCausalLM
+    else:  # OPT: learned positions counted from the mask unless given
+        config = transformers.OPTConfig(
+            **sizes, ffn_dim=128, word_embed_proj_dim=64, init_std=0.2, pad_token_id=1
+        )
+        model = transformers.OPTForCausalLM
+    torch.manual_seed(0)
+    return model(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["llama", "opt"])
+def test_other_decoders_with_a_static_cache_equal_transformers(kind):
+    model, lazy = _decoder(kind), _decoder(kind).to("lazy")
+    ids = torch.randint(2, 128, (2, 7), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        expected = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
+            pad_token_id=1,
+        )  # fmt: skip
+    got = lazy_torch.generate(lazy, ids, 12, use_cache=True)
+    assert torch.equal(got.cpu(), expected)
+
+
 def test_left_padded_prompts_with_an_attention_mask_equal_transformers():
     model, lazy = _model(), _model().to("lazy")
     ids = torch.randint(1, 64, (3, 6), generator=torch.Generator().manual_seed(8))
