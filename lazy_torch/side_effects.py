@@ -200,7 +200,11 @@ class HostState:
 
 
 class _HostOps(TorchDispatchMode):
-    """Sees every op of the call: its host tensors that did not come from an op of the call."""
+    """Sees every op of the call: its host tensors that did not come from an op of the call.
+    A control-flow operator (``torch.cond``, ``while_loop``) passes through as one op; its
+    bodies, traced on the lazy device, are pure by their own check (control_flow.py)."""
+
+    supports_higher_order_operators = True
 
     def __init__(self, state: HostState) -> None:
         super().__init__()

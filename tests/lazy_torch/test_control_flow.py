@@ -186,6 +186,43 @@ def test_loop_bodies_draw_anew_each_iteration_reproducibly_without_syncs():
     assert _count("compiles") - compiles == 1  # the trip count is data
 
 
+class _Doubling(torch.nn.Module):
+    def __init__(self, noise: bool) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.full((3,), 2.0))
+        self.noise = noise
+
+    def forward(self, x, trips):
+        def body(i, acc):
+            acc = acc * self.scale
+            if self.noise:
+                acc = acc + torch.rand(3, device=x.device)
+            return i + 1, acc
+
+        start = torch.zeros((), dtype=torch.long, device=x.device)
+        return while_loop(lambda i, acc: i < trips, body, (start, x))[1]
+
+
+def test_a_compiled_module_with_a_loop_replays_it_or_draws_anew_each_call_op_by_op():
+    x, trips = torch.ones(3), torch.tensor(3)
+    expected = _Doubling(False)(x, trips)
+    with torch.no_grad():
+        plain = lazy_torch.compile(_Doubling(False).to("lazy"))
+        got = [plain(x.to("lazy"), trips.to("lazy")).cpu() for _ in range(3)]
+        assert all(torch.equal(g, expected) for g in got)
+        assert _count("captures") == 1 and not _count("recaptures")  # captured, then replayed
+        runs = []
+        for _ in range(2):  # a loop's draws re-key the RNG state, which a replay would not
+            lazy_torch.manual_seed(5)
+            noisy = lazy_torch.compile(_Doubling(True).to("lazy"))
+            with pytest.warns(UserWarning, match="random numbers in a loop body"):
+                runs.append([noisy(x.to("lazy"), trips.to("lazy")).cpu() for _ in range(3)])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))  # the seed decides every draw
+    first = runs[0]
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
+    assert all(((8 <= v) & (v < 15)).all() for v in first)  # 8 + noise of 4 + 2 + 1 draws < 1
+
+
 def test_bodies_that_sync_or_need_grad_raise_clear_errors():
     x = torch.ones(3, device="lazy")
     with torch.no_grad():
