@@ -334,7 +334,6 @@ class _Watch:
             state.storage.set(state.moved(_rng._SKIP))
             state.draws = 0
         self.rng = state
-        self.rng_node = state.storage.node  # a loop that draws replaces it (control_flow.py)
         self.before = {id(s.node): (s.node, s) for s in live_storages()}
         self.others = {d: s.draws for d, s in _rng._states.items() if d != device}
 
@@ -366,8 +365,6 @@ class _Watch:
             return f"it syncs ({cause}) at {site}"
         if any(_rng._states[d].draws != n for d, n in self.others.items() if d in _rng._states):
             return "it draws random numbers on another device"
-        if self.rng.storage.node is not self.rng_node:
-            return "it draws random numbers in a loop body (the RNG state is the loop's carry)"
         return None
 
 

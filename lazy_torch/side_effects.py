@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
@@ -201,8 +202,8 @@ class HostState:
 
 class _HostOps(TorchDispatchMode):
     """Sees every op of the call: its host tensors that did not come from an op of the call.
-    A control-flow operator (``torch.cond``, ``while_loop``) passes through as one op; its
-    bodies, traced on the lazy device, are pure by their own check (control_flow.py)."""
+    A control-flow operator (``torch.cond``, ``while_loop``) runs, and refuses the capture: its
+    bodies are traced with this mode off, so a host tensor one reads would go unseen."""
 
     supports_higher_order_operators = True
 
@@ -216,7 +217,9 @@ class _HostOps(TorchDispatchMode):
         state = self.state
         if torch._C._current_graph_task_id() != state._task:
             state.backward = True
-        if state.why is None and func not in _FRESH:
+        if isinstance(func, HigherOrderOperator):
+            state.refuse(f"it runs {func.name()}, whose bodies a capture cannot watch")
+        elif state.why is None and func not in _FRESH:
             claimed = state.steps.claimed if state.steps is not None else ()
             for t in _host_tensors((args, kwargs)):
                 ref = self.made.get(id(t))
