@@ -64,7 +64,7 @@ def bucket_length(total: int, limit: int | None) -> int:
 
 
 def _next_token(
-    logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None
+    logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None, top_p: float
 ) -> torch.Tensor:
     if not do_sample:
         return logits.argmax(-1)
@@ -72,6 +72,11 @@ def _next_token(
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:  # the fewest most likely tokens whose probabilities reach top_p
+        ascending, order = logits.sort(dim=-1)
+        below = ascending.softmax(-1).cumsum(-1) <= 1.0 - top_p  # the unlikely tail
+        below[:, -1] = False  # the most likely token always stays
+        logits = logits.masked_fill(below.scatter(1, order, below), float("-inf"))
     # The Gumbel-max trick: argmax(logits + Gumbel noise) is a draw from softmax(logits).
     uniform = torch.rand(logits.shape, device=logits.device).clamp_(1e-20, 1.0)
     return (logits - torch.log(-torch.log(uniform))).argmax(-1)
@@ -157,7 +162,9 @@ def generate(
     do_sample: bool = False,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float = 1.0,
     eos_token_id: int | None = None,
+    min_new_tokens: int = 0,
     pad_token_id: int | None = None,
     attention_mask: torch.Tensor | None = None,
     use_cache: bool | None = None,
@@ -165,11 +172,12 @@ def generate(
     """Append up to ``max_new_tokens`` tokens to each row of ``input_ids`` (``(batch, prompt)``
     int64, on the lazy device or the CPU) with ``model`` (a causal LM: transformers' or any
     module returning logits ``(batch, length, vocab)``), greedy or sampled (``temperature``,
-    ``top_k``, from the lazy device's generator). With ``eos_token_id``, a finished row gets
-    ``pad_token_id`` (default: the EOS token) after it, and decoding stops once every row has
-    finished. ``attention_mask`` (``(batch, prompt)``, 0 at padding): prompts of different
-    lengths, left-padded as transformers pads them. ``use_cache``: decode against a static KV
-    cache (default: where the model supports one). Returns ``(batch, prompt + generated)`` on
+    ``top_k``, ``top_p``, from the lazy device's generator). With ``eos_token_id``, a finished row
+    gets ``pad_token_id`` (default: the EOS token) after it, and decoding stops once every row
+    has finished; no row ends before ``min_new_tokens`` new tokens. ``attention_mask``
+    (``(batch, prompt)``, 0 at padding): prompts of different lengths, left-padded as
+    transformers pads them. ``use_cache``: decode against a static KV cache (default: where the
+    model supports one). Returns ``(batch, prompt + generated)`` on
     the lazy device; its graph is dispatched (``mark_step``), and only with ``eos_token_id`` is
     one value read (the final length).
 
@@ -186,6 +194,11 @@ def generate(
         )
     if max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens must be positive, got {max_new_tokens}")
+    if not 0.0 < top_p <= 1.0 or min_new_tokens < 0:
+        raise ValueError(
+            f"generate: top_p must be in (0, 1] and min_new_tokens at least 0, got {top_p} and "
+            f"{min_new_tokens}"
+        )
     batch, prompt = input_ids.shape
     total = prompt + max_new_tokens
     length = bucket_length(total, _positions(model))
@@ -193,8 +206,13 @@ def generate(
         else torch.device("lazy")  # fmt: skip
     pad = eos_token_id if pad_token_id is None else pad_token_id
 
-    def choose(logits: torch.Tensor, finished: torch.Tensor) -> tuple:
-        token = _next_token(logits, do_sample, temperature, top_k)
+    def choose(logits: torch.Tensor, finished: torch.Tensor, early: Any) -> tuple:
+        """The next token; ``early``: whether it comes before ``min_new_tokens`` new tokens
+        (a bool, or a 0-d tensor in the loop), where EOS may not be chosen."""
+        if eos_token_id is not None and min_new_tokens:
+            eos = torch.arange(logits.shape[-1], device=logits.device) == eos_token_id
+            logits = logits.masked_fill(eos & early, float("-inf"))
+        token = _next_token(logits, do_sample, temperature, top_k, top_p)
         if eos_token_id is None:
             return token, finished
         token = torch.where(finished, torch.full_like(token, pad), token)
@@ -215,18 +233,20 @@ def generate(
             mask = torch.ones(batch, length, dtype=torch.long, device=device)
             mask[:, :prompt] = attention_mask.to(device)
         first, step = _decoders(model, ids, prompt, mask, use_cache)
-        token, finished = choose(first, torch.zeros(batch, dtype=torch.bool, device=device))
+        unfinished = torch.zeros(batch, dtype=torch.bool, device=device)
+        token, finished = choose(first, unfinished, min_new_tokens > 0)
         ids[:, prompt] = token
         _sync.mark_step()  # the prefill: a program of its own, so the loop's serves every prompt
         if max_new_tokens == 1:
             return ids[:, :total]
         last = torch.tensor(total - 1, device=device)  # data: one loop for any token count
+        least = torch.tensor(prompt + min_new_tokens - 1, device=device)  # and minimum
 
         def more(pos: torch.Tensor, token: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
             return (pos < last) & ~finished.all()
 
         def decode(pos: torch.Tensor, token: torch.Tensor, finished: torch.Tensor) -> tuple:
-            token, finished = choose(step(pos, token), finished)
+            token, finished = choose(step(pos, token), finished, pos < least)
             ids.index_copy_(1, (pos + 1).reshape(1), token[:, None])  # the loop carries ids
             return pos + 1, token, finished
 

@@ -83,6 +83,14 @@ def test_eos_stops_as_transformers_stops_with_one_read():
             assert _syncs() == syncs  # the length is read from the dispatched loop's result
             assert torch.equal(got.cpu(), expected)
     assert expected.shape[1] < 4 + 12 and expected[0, -1] == eos
+    with torch.no_grad():  # EOS is not chosen before min_new_tokens new tokens
+        expected = model.generate(
+            prompt, max_new_tokens=12, min_new_tokens=5, eos_token_id=eos, pad_token_id=63
+        )
+    got = lazy_torch.generate(
+        lazy, prompt, max_new_tokens=12, min_new_tokens=5, eos_token_id=eos, pad_token_id=63
+    )
+    assert torch.equal(got.cpu(), expected) and (expected[0, 4:8] != eos).all()
 
 
 def _decoder(kind: str) -> transformers.PreTrainedModel:
@@ -138,6 +146,10 @@ def test_sampling_draws_anew_each_token_from_the_lazy_generator():
     a = lazy_torch.generate(lazy, prompt, max_new_tokens=6, do_sample=True, top_k=1).cpu()
     greedy = lazy_torch.generate(lazy, prompt, max_new_tokens=6).cpu()
     assert torch.equal(a, greedy)  # top_k=1 is greedy
+    flat = dict(do_sample=True, temperature=100.0)  # nearly uniform: far from greedy
+    nucleus = lazy_torch.generate(lazy, prompt, 6, top_p=1e-6, **flat).cpu()
+    assert torch.equal(nucleus, greedy)  # so is a top_p below the likeliest token's probability
+    assert not torch.equal(lazy_torch.generate(lazy, prompt, 6, top_p=0.9, **flat).cpu(), greedy)
     draws, compiles = [], []
     for seed in (None, 7, 7, 8):  # the RNG state made before the call, then within it
         if seed is not None:
