@@ -44,15 +44,14 @@ registry when Dynamo itself is imported (at once if it already is), without impo
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import importlib.metadata
 import importlib.util
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from lazy_torch import import_hooks
 from lazy_torch.tensor import LazyTensor
 
 BACKEND = "lazy"
@@ -221,32 +220,4 @@ def _add_to(registry: Any) -> None:
         )
 
 
-class _RegistryHook(importlib.abc.MetaPathFinder):
-    """Adds the entry to Dynamo's backend registry once that module has been executed."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _REGISTRY:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            execute(module)
-            _add_to(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def _register() -> None:
-    registry = sys.modules.get(_REGISTRY)
-    if registry is not None:
-        _add_to(registry)
-    elif not any(isinstance(f, _RegistryHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegistryHook())
-
-
-_register()
+import_hooks.after_import(_REGISTRY, _add_to)

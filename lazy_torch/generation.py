@@ -28,6 +28,7 @@ import torch
 from torch._higher_order_ops.while_loop import while_loop_op
 
 from lazy_torch import sync as _sync
+from lazy_torch import token_rules as _rules
 from lazy_torch.capture import compile_session
 
 
@@ -63,25 +64,6 @@ def bucket_length(total: int, limit: int | None) -> int:
     return length
 
 
-def _next_token(
-    logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None, top_p: float
-) -> torch.Tensor:
-    if not do_sample:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:  # the fewest most likely tokens whose probabilities reach top_p
-        ascending, order = logits.sort(dim=-1)
-        below = ascending.softmax(-1).cumsum(-1) <= 1.0 - top_p  # the unlikely tail
-        below[:, -1] = False  # the most likely token always stays
-        logits = logits.masked_fill(below.scatter(1, order, below), float("-inf"))
-    # The Gumbel-max trick: argmax(logits + Gumbel noise) is a draw from softmax(logits).
-    uniform = torch.rand(logits.shape, device=logits.device).clamp_(1e-20, 1.0)
-    return (logits - torch.log(-torch.log(uniform))).argmax(-1)
-
-
 def _static_cache(model: Any, length: int) -> Any:
     """A transformers ``StaticCache`` of ``length`` positions for ``model``, or None where the
     model cannot decode against one."""
@@ -93,12 +75,18 @@ def _static_cache(model: Any, length: int) -> Any:
 
 
 def _decoders(
-    model: Callable, ids: torch.Tensor, prompt: int, mask: torch.Tensor | None, use_cache: Any
+    model: Callable,
+    ids: torch.Tensor,
+    prompt: int,
+    mask: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    use_cache: Any,
 ) -> tuple:
     """The first new token's logits ``(batch, vocab)``, and the step: the logits of the token
     after position ``pos`` (a 0-d tensor) whose token is ``token``, ``(batch, vocab)``. ``mask``:
-    the attention mask of the whole buffer (0 at a prompt's padding), or None."""
-    length = ids.shape[1]
+    the attention mask of the whole buffer (0 at a prompt's padding), or None; ``positions``:
+    the prompt's position ids, or None."""
+    batch, length = ids.shape
     cache = None if use_cache is False else _static_cache(model, length)
     if use_cache and cache is None:
         raise ValueError(
@@ -106,41 +94,47 @@ def _decoders(
             f"cache; {type(model).__name__} does not"
         )
     last = torch.tensor([prompt - 1], device=ids.device)
-    # The mask and the positions (numbered as transformers numbers a padded row's), given to a
-    # model that takes them, as transformers' generate() gives them: left to itself, a model may
-    # count them from the cache's length, a value read on the host (OPT).
+    # The mask and the positions, given to a model that takes them, as transformers' generate()
+    # gives them: left to itself, a model may count them from the cache's length, a value read
+    # on the host (OPT). Positions go on by one a token from the prompt's last.
     forward = getattr(model, "forward", None)
     taken = inspect.signature(forward).parameters if forward is not None else {}
     if mask is None and "attention_mask" in taken:
         mask = torch.ones(ids.shape, dtype=torch.long, device=ids.device)
-    takes = mask is not None and "position_ids" in taken
-    if takes:
-        places = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
+    places = None
+    if "position_ids" in taken:
+        if positions is None and mask is not None:
+            counted = mask[:, :prompt].cumsum(-1) - 1
+            positions = counted.masked_fill(mask[:, :prompt] == 0, 0)
+        elif positions is None:
+            positions = torch.arange(prompt, device=ids.device)[None]
+        positions = positions.to(ids.device).expand(batch, prompt)
+        later = torch.arange(1, length - prompt + 1, device=ids.device) + positions[:, -1:]
+        places = torch.cat([positions, later], 1)
 
-    def masked(upto: int | None, at: torch.Tensor | None = None) -> dict:
-        given = {} if mask is None else {"attention_mask": mask[:, :upto]}
-        if takes:
+    def given(upto: int | None, at: torch.Tensor | None = None) -> dict:
+        kwargs = {} if mask is None else {"attention_mask": mask[:, :upto]}
+        if places is not None:
             where = places[:, :upto] if at is None else places.index_select(1, at.reshape(1))
-            given["position_ids"] = where
-        return given
+            kwargs["position_ids"] = where
+        return kwargs
 
     if cache is not None:
-        positions = torch.arange(prompt, device=ids.device)
         out = model(
-            ids[:, :prompt], past_key_values=cache, cache_position=positions, use_cache=True,
-            **masked(prompt),
+            ids[:, :prompt], past_key_values=cache, use_cache=True,
+            cache_position=torch.arange(prompt, device=ids.device), **given(prompt),
         )  # fmt: skip
 
         def step(pos: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
             out = model(
                 token[:, None], past_key_values=cache, cache_position=pos.reshape(1),
-                **masked(None, pos),
+                **given(None, pos),
             )  # fmt: skip
             return _logits_of(out)[:, -1]
 
         return _logits_of(out).index_select(1, last).squeeze(1), step
     kwargs = {"use_cache": False} if hasattr(model, "generation_config") else {}
-    kwargs.update(masked(None))
+    kwargs.update(given(None))
 
     def whole(pos: torch.Tensor) -> torch.Tensor:
         logits = _logits_of(model(ids, **kwargs))
@@ -163,7 +157,8 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float = 1.0,
-    eos_token_id: int | None = None,
+    repetition_penalty: float = 1.0,
+    eos_token_id: int | list[int] | None = None,
     min_new_tokens: int = 0,
     pad_token_id: int | None = None,
     attention_mask: torch.Tensor | None = None,
@@ -172,14 +167,15 @@ def generate(
     """Append up to ``max_new_tokens`` tokens to each row of ``input_ids`` (``(batch, prompt)``
     int64, on the lazy device or the CPU) with ``model`` (a causal LM: transformers' or any
     module returning logits ``(batch, length, vocab)``), greedy or sampled (``temperature``,
-    ``top_k``, ``top_p``, from the lazy device's generator). With ``eos_token_id``, a finished row
-    gets ``pad_token_id`` (default: the EOS token) after it, and decoding stops once every row
+    ``top_k``, ``top_p``, from the lazy device's generator), with transformers'
+    ``repetition_penalty``. With ``eos_token_id`` (one id or several), a finished row gets
+    ``pad_token_id`` (default: the first EOS token) after it, and decoding stops once every row
     has finished; no row ends before ``min_new_tokens`` new tokens. ``attention_mask``
     (``(batch, prompt)``, 0 at padding): prompts of different lengths, left-padded as
     transformers pads them. ``use_cache``: decode against a static KV cache (default: where the
-    model supports one). Returns ``(batch, prompt + generated)`` on
-    the lazy device; its graph is dispatched (``mark_step``), and only with ``eos_token_id`` is
-    one value read (the final length).
+    model supports one). Returns ``(batch, prompt + generated)`` on the lazy device; its graph
+    is dispatched (``mark_step``), and only with ``eos_token_id`` is one value read (the final
+    length).
 
     >>> import torch, transformers, lazy_torch
     >>> config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
@@ -188,41 +184,76 @@ def generate(
     >>> out.shape
     torch.Size([1, 8])
     """
+    if not 0.0 < top_p <= 1.0 or min_new_tokens < 0 or not temperature > 0.0:
+        raise ValueError(
+            f"generate: top_p must be in (0, 1], min_new_tokens at least 0 and temperature "
+            f"positive, got {top_p}, {min_new_tokens} and {temperature}"
+        )
+    rules = []
+    if repetition_penalty != 1.0:
+        rules.append(_rules.repetition_penalty(repetition_penalty))
+    if eos_token_id is not None and min_new_tokens:
+        rules.append(_rules.eos_barred(eos_token_id, input_ids.shape[-1] + min_new_tokens))
+    if do_sample:
+        rules += [_rules.temperature(temperature)] if temperature != 1.0 else []
+        rules += [_rules.top_k(top_k)] if top_k is not None else []
+        rules += [_rules.top_p(top_p)] if top_p < 1.0 else []
+    return decode(
+        model, input_ids, max_new_tokens, rules=rules, do_sample=do_sample, eos=eos_token_id,
+        pad=pad_token_id, attention_mask=attention_mask, use_cache=use_cache,
+    )  # fmt: skip
+
+
+def decode(
+    model: Callable,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    rules: list[_rules.Rule],
+    do_sample: bool,
+    eos: Any = None,
+    pad: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    use_cache: bool | None = None,
+) -> torch.Tensor:
+    """``generate``'s loop: the next token picked (argmax, or drawn with ``do_sample``) from the
+    model's float32 logits after ``rules``; ``eos``: the ids that end a row (a list or tensor,
+    or None), ``pad`` (default: the first EOS id) follows them; ``position_ids``: the prompt's
+    (default: counted from the mask, as transformers counts them)."""
     if input_ids.dim() != 2:
         raise ValueError(
             f"generate: input_ids must be (batch, length), got {tuple(input_ids.shape)}"
         )
     if max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens must be positive, got {max_new_tokens}")
-    if not 0.0 < top_p <= 1.0 or min_new_tokens < 0:
-        raise ValueError(
-            f"generate: top_p must be in (0, 1] and min_new_tokens at least 0, got {top_p} and "
-            f"{min_new_tokens}"
-        )
     batch, prompt = input_ids.shape
     total = prompt + max_new_tokens
     length = bucket_length(total, _positions(model))
     device = torch.device("lazy", input_ids.device.index or 0) if input_ids.device.type == "lazy" \
         else torch.device("lazy")  # fmt: skip
-    pad = eos_token_id if pad_token_id is None else pad_token_id
-
-    def choose(logits: torch.Tensor, finished: torch.Tensor, early: Any) -> tuple:
-        """The next token; ``early``: whether it comes before ``min_new_tokens`` new tokens
-        (a bool, or a 0-d tensor in the loop), where EOS may not be chosen."""
-        if eos_token_id is not None and min_new_tokens:
-            eos = torch.arange(logits.shape[-1], device=logits.device) == eos_token_id
-            logits = logits.masked_fill(eos & early, float("-inf"))
-        token = _next_token(logits, do_sample, temperature, top_k, top_p)
-        if eos_token_id is None:
-            return token, finished
-        token = torch.where(finished, torch.full_like(token, pad), token)
-        return token, finished | (token == eos_token_id)
 
     _sync.mark_step()  # what the program left pending: not in the prefill's graph
     # transformers builds its masks and cache writes without asking the device for values
     with torch.no_grad(), compile_session():
+        if eos is not None:
+            eos = _rules.ids_tensor(eos, device)
+            pad = (
+                eos[0] if pad is None else torch.as_tensor(pad).to(device=device, dtype=torch.long)
+            )
         ids = torch.zeros(batch, length, dtype=torch.long, device=device)
         ids[:, :prompt] = input_ids.to(device)
+
+        def choose(logits: torch.Tensor, length: Any, finished: torch.Tensor) -> tuple:
+            scores = logits.float()
+            for rule in rules:
+                scores = rule(scores, length, ids)
+            token = _rules.pick(scores, do_sample)
+            if eos is None:
+                return token, finished
+            token = torch.where(finished, pad, token)
+            return token, finished | (token[:, None] == eos).any(-1)
+
         mask = None
         if attention_mask is not None:
             if tuple(attention_mask.shape) != (batch, prompt):
@@ -232,27 +263,26 @@ def generate(
                 )
             mask = torch.ones(batch, length, dtype=torch.long, device=device)
             mask[:, :prompt] = attention_mask.to(device)
-        first, step = _decoders(model, ids, prompt, mask, use_cache)
+        first, step = _decoders(model, ids, prompt, mask, position_ids, use_cache)
         unfinished = torch.zeros(batch, dtype=torch.bool, device=device)
-        token, finished = choose(first, unfinished, min_new_tokens > 0)
+        token, finished = choose(first, prompt, unfinished)
         ids[:, prompt] = token
         _sync.mark_step()  # the prefill: a program of its own, so the loop's serves every prompt
         if max_new_tokens == 1:
             return ids[:, :total]
         last = torch.tensor(total - 1, device=device)  # data: one loop for any token count
-        least = torch.tensor(prompt + min_new_tokens - 1, device=device)  # and minimum
 
         def more(pos: torch.Tensor, token: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
             return (pos < last) & ~finished.all()
 
-        def decode(pos: torch.Tensor, token: torch.Tensor, finished: torch.Tensor) -> tuple:
-            token, finished = choose(step(pos, token), finished, pos < least)
+        def body(pos: torch.Tensor, token: torch.Tensor, finished: torch.Tensor) -> tuple:
+            token, finished = choose(step(pos, token), pos + 1, finished)
             ids.index_copy_(1, (pos + 1).reshape(1), token[:, None])  # the loop carries ids
             return pos + 1, token, finished
 
         start = (torch.tensor(prompt, device=device), token, finished)
         # The operator itself: torch's wrapper compiles it with TorchDynamo in torch 2.11
-        pos, _, _ = while_loop_op(more, decode, start, ())
+        pos, _, _ = while_loop_op(more, body, start, ())
         _sync.mark_step()
-    end = total if eos_token_id is None else int(pos) + 1  # where every row had finished
+    end = total if eos is None else int(pos) + 1  # where every row had finished
     return ids[:, :end]

@@ -1,0 +1,78 @@
+"""Rules on the next token's scores, for decoding loops recorded in the graph (generation.py):
+each a pure function of the scores, the sequence's length so far and the token buffer, so one
+traced loop body serves every iteration (the length is a device scalar there)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Rule = Callable[[torch.Tensor, Any, torch.Tensor], torch.Tensor]
+"""A rule on the next token's scores: ``rule(scores, length, ids)`` gives new scores for
+``scores`` (``(batch, vocab)`` float32), the sequence's length so far (an int in the prefill, a
+0-d tensor in the loop) and the token buffer ``ids`` (``(batch, bucket)``, valid below
+``length``). Rules apply in order, as transformers' logits processors do."""
+
+
+def temperature(value: float) -> Rule:
+    return lambda scores, length, ids: scores / value
+
+
+def top_k(k: int) -> Rule:
+    def rule(scores: torch.Tensor, length: Any, ids: torch.Tensor) -> torch.Tensor:
+        kth = torch.topk(scores, min(k, scores.shape[-1]), dim=-1).values[:, -1:]
+        return scores.masked_fill(scores < kth, float("-inf"))
+
+    return rule
+
+
+def top_p(p: float) -> Rule:
+    """The fewest most likely tokens whose probabilities reach ``p``."""
+
+    def rule(scores: torch.Tensor, length: Any, ids: torch.Tensor) -> torch.Tensor:
+        ascending, order = scores.sort(dim=-1)
+        below = ascending.softmax(-1).cumsum(-1) <= 1.0 - p  # the unlikely tail
+        below[:, -1] = False  # the most likely token always stays
+        return scores.masked_fill(below.scatter(1, order, below), float("-inf"))
+
+    return rule
+
+
+def eos_barred(eos: Any, below: int) -> Rule:
+    """No token of ``eos`` (ids) while the sequence is shorter than ``below`` tokens."""
+
+    def rule(scores: torch.Tensor, length: Any, ids: torch.Tensor) -> torch.Tensor:
+        vocab = torch.arange(scores.shape[-1], device=scores.device)
+        ends = (vocab == ids_tensor(eos, scores.device)[:, None]).any(0)
+        return scores.masked_fill(ends & (length < below), float("-inf"))
+
+    return rule
+
+
+def repetition_penalty(penalty: float, start: int = 0) -> Rule:
+    """Every token of the sequence from position ``start`` on less likely: its score divided by
+    ``penalty`` (multiplied where negative)."""
+
+    def rule(scores: torch.Tensor, length: Any, ids: torch.Tensor) -> torch.Tensor:
+        vocab = scores.shape[-1]
+        span = torch.arange(ids.shape[1], device=ids.device)
+        seen = ids.clamp(max=vocab).masked_fill((span >= length) | (span < start), vocab)
+        hit = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.bool, device=ids.device)
+        hit = hit.scatter(1, seen, True)[:, :vocab]
+        return torch.where(hit, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+
+    return rule
+
+
+def ids_tensor(ids: Any, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(ids).reshape(-1).to(device=device, dtype=torch.long)
+
+
+def pick(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
+    if not do_sample:
+        return scores.argmax(-1)
+    # The Gumbel-max trick: argmax(scores + Gumbel noise) is a draw from softmax(scores).
+    uniform = torch.rand(scores.shape, device=scores.device).clamp_(1e-20, 1.0)
+    return (scores - torch.log(-torch.log(uniform))).argmax(-1)
