@@ -24,6 +24,8 @@ from lazy_torch import (  # noqa: F401
     distributed,  # registers torch.distributed's backend "lazy"
     dynamo,  # registers torch.compile's backend "lazy" (Dynamo is imported on first use)
     fused,
+    hf_generate,
+    import_hooks,
     meta_kernels,
     metrics,
     ops,
@@ -39,6 +41,7 @@ from lazy_torch.sync import mark_step
 from lazy_torch.tensor import LazyTensor
 
 optim_support.install()
+import_hooks.after_import("transformers.generation.utils", hf_generate.install)
 device_module.register()
 # Last: it wraps the handlers the modules above registered.
 dispatch.check_values(scalar_checks.CHECKS.values())

@@ -42,13 +42,25 @@ def _logits_of(out: Any) -> torch.Tensor:
     return out
 
 
-def _positions(model: Any) -> int | None:
+def model_positions(model: Any) -> int | None:
+    """The most positions ``model`` takes (its config's), or None where it names none."""
     config = getattr(model, "config", None)
     for name in ("n_positions", "max_position_embeddings", "block_size"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
     return None
+
+
+def target_device(model: Any, input_ids: torch.Tensor) -> torch.device:
+    """The lazy device decoding runs on: the input's, else the model's parameters', else
+    lazy:0."""
+    if input_ids.device.type == "lazy":
+        return input_ids.device
+    parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    if parameter is not None and parameter.device.type == "lazy":
+        return parameter.device
+    return torch.device("lazy", 0)
 
 
 def bucket_length(total: int, limit: int | None) -> int:
@@ -192,14 +204,17 @@ def generate(
     rules = []
     if repetition_penalty != 1.0:
         rules.append(_rules.repetition_penalty(repetition_penalty))
-    if eos_token_id is not None and min_new_tokens:
-        rules.append(_rules.eos_barred(eos_token_id, input_ids.shape[-1] + min_new_tokens))
+    eos = None
+    if eos_token_id is not None:
+        eos = _rules.ids_tensor(eos_token_id, target_device(model, input_ids))
+    if eos is not None and min_new_tokens:
+        rules.append(_rules.eos_barred(eos, input_ids.shape[-1] + min_new_tokens))
     if do_sample:
         rules += [_rules.temperature(temperature)] if temperature != 1.0 else []
         rules += [_rules.top_k(top_k)] if top_k is not None else []
         rules += [_rules.top_p(top_p)] if top_p < 1.0 else []
     return decode(
-        model, input_ids, max_new_tokens, rules=rules, do_sample=do_sample, eos=eos_token_id,
+        model, input_ids, max_new_tokens, rules=rules, do_sample=do_sample, eos=eos,
         pad=pad_token_id, attention_mask=attention_mask, use_cache=use_cache,
     )  # fmt: skip
 
@@ -229,9 +244,8 @@ def decode(
         raise ValueError(f"generate: max_new_tokens must be positive, got {max_new_tokens}")
     batch, prompt = input_ids.shape
     total = prompt + max_new_tokens
-    length = bucket_length(total, _positions(model))
-    device = torch.device("lazy", input_ids.device.index or 0) if input_ids.device.type == "lazy" \
-        else torch.device("lazy")  # fmt: skip
+    length = bucket_length(total, model_positions(model))
+    device = target_device(model, input_ids)
 
     _sync.mark_step()  # what the program left pending: not in the prefill's graph
     # transformers builds its masks and cache writes without asking the device for values

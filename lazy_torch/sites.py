@@ -17,12 +17,14 @@ _OWN_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,) + tuple
 )
 
 
-def user_site() -> str:
-    """``file:line`` of the innermost frame outside torch and this backend."""
+def user_site(also: tuple[str, ...] = ()) -> str:
+    """``file:line`` of the innermost frame outside torch, this backend and the directories
+    ``also`` (a library the backend adapts)."""
     frame = sys._getframe(1)
+    skipped = _OWN_DIRS + also
     while frame is not None:
         path = frame.f_code.co_filename
-        if not path.startswith(_OWN_DIRS) and not path.startswith("<"):
+        if not path.startswith(skipped) and not path.startswith("<"):
             return f"{path}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"

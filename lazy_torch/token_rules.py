@@ -40,12 +40,13 @@ def top_p(p: float) -> Rule:
     return rule
 
 
-def eos_barred(eos: Any, below: int) -> Rule:
-    """No token of ``eos`` (ids) while the sequence is shorter than ``below`` tokens."""
+def eos_barred(eos: torch.Tensor, below: int) -> Rule:
+    """No token of ``eos`` (ids, on the device) while the sequence is shorter than ``below``
+    tokens."""
 
     def rule(scores: torch.Tensor, length: Any, ids: torch.Tensor) -> torch.Tensor:
         vocab = torch.arange(scores.shape[-1], device=scores.device)
-        ends = (vocab == ids_tensor(eos, scores.device)[:, None]).any(0)
+        ends = (vocab == eos[:, None]).any(0)
         return scores.masked_fill(ends & (length < below), float("-inf"))
 
     return rule

@@ -17,6 +17,9 @@ PLATFORM: str = os.environ.get("LAZY_PLATFORM", "").strip().lower()
 CPU_DEVICES: int = max(0, int(os.environ.get("LAZY_CPU_DEVICES", "0").strip() or 0))
 # One stderr line per compile and execution, with its cause.
 DEBUG: bool = _flag("LAZY_DEBUG")
+# Decode transformers' generate() on a lazy model as one in-graph loop where its settings have
+# in-graph rules (lazy_torch/hf_generate.py); 0 keeps transformers' Python loop, a graph a token.
+HF_GENERATE: bool = _flag("LAZY_HF_GENERATE", default=True)
 # Directory that receives every newly compiled graph: IR text and StableHLO, named by its hash.
 DUMP_DIR: str = os.environ.get("LAZY_DUMP_DIR", "").strip()
 # Directory of the persistent executable cache; empty turns it off.

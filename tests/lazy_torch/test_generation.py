@@ -187,11 +187,15 @@ def test_bucket_lengths_and_bad_input():
                             use_cache=True)  # fmt: skip
 
 
-def test_transformers_generate_with_a_static_cache_compiles_as_many_graphs_for_any_length():
-    # transformers' own loop: the stopping criteria and the next step's input read the growing
-    # sequence's last column only (lazy_torch/views.py), so only its first steps differ.
+def test_transformers_generate_with_a_static_cache_compiles_as_many_graphs_for_any_length(
+    monkeypatch,
+):
+    # transformers' own loop (LAZY_HF_GENERATE=0; else lazy_torch/hf_generate.py decodes in the
+    # graph): the stopping criteria and the next step's input read the growing sequence's last
+    # column only (lazy_torch/views.py), so only its first steps differ.
     import runtime
 
+    monkeypatch.setattr(runtime.config, "HF_GENERATE", False)
     model, lazy = _model(), _model().to("lazy")
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(3))
     compiles = []
@@ -208,9 +212,13 @@ def test_transformers_generate_with_a_static_cache_compiles_as_many_graphs_for_a
     assert compiles[0] == compiles[1] <= 10, compiles
 
 
-def test_transformers_generate_with_a_static_cache_replays_a_compiled_model():
-    # lazy_torch.compile(model): the decoding steps' calls, given the StaticCache, replay one
-    # capture (a new cache at every generate() call has the same layout): no model code runs.
+def test_transformers_generate_with_a_static_cache_replays_a_compiled_model(monkeypatch):
+    # lazy_torch.compile(model) under transformers' own loop: the decoding steps' calls, given
+    # the StaticCache, replay one capture (a new cache at every generate() call has the same
+    # layout): no model code runs.
+    import runtime
+
+    monkeypatch.setattr(runtime.config, "HF_GENERATE", False)
     model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(4))
     captures, compiles = [], []
@@ -240,6 +248,7 @@ def test_transformers_generate_on_a_compiled_model_compiles_three_graphs_then_no
     # make of the sequence read.
     import runtime
 
+    monkeypatch.setattr(runtime.config, "HF_GENERATE", False)  # transformers' own loop
     monkeypatch.setattr(runtime.config, "HOST_READS", True)
     monkeypatch.setattr(runtime.spmd, "_active", [False])  # an earlier test's mesh: none here
     runtime.executor.drop_cache()  # the graphs of other tests of this model
