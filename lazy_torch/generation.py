@@ -170,6 +170,7 @@ def generate(
     top_k: int | None = None,
     top_p: float = 1.0,
     repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
     eos_token_id: int | list[int] | None = None,
     min_new_tokens: int = 0,
     pad_token_id: int | None = None,
@@ -180,14 +181,15 @@ def generate(
     int64, on the lazy device or the CPU) with ``model`` (a causal LM: transformers' or any
     module returning logits ``(batch, length, vocab)``), greedy or sampled (``temperature``,
     ``top_k``, ``top_p``, from the lazy device's generator), with transformers'
-    ``repetition_penalty``. With ``eos_token_id`` (one id or several), a finished row gets
-    ``pad_token_id`` (default: the first EOS token) after it, and decoding stops once every row
-    has finished; no row ends before ``min_new_tokens`` new tokens. ``attention_mask``
-    (``(batch, prompt)``, 0 at padding): prompts of different lengths, left-padded as
-    transformers pads them. ``use_cache``: decode against a static KV cache (default: where the
-    model supports one). Returns ``(batch, prompt + generated)`` on the lazy device; its graph
-    is dispatched (``mark_step``), and only with ``eos_token_id`` is one value read (the final
-    length).
+    ``repetition_penalty`` and ``no_repeat_ngram_size``. With ``eos_token_id`` (one id or
+    several), a finished row gets ``pad_token_id`` (default: the first EOS token) after it, and
+    decoding stops once every row has finished; no row ends before ``min_new_tokens`` new
+    tokens. ``attention_mask`` (``(batch, prompt)``, 0 at padding): prompts of different
+    lengths, left-padded as transformers pads them. ``use_cache``: decode against a static KV
+    cache (default: where the model supports one). Returns ``(batch, prompt + generated)`` on
+    the lazy device; its graph is dispatched (``mark_step``), and only with ``eos_token_id`` is
+    one value read (the final length). transformers' own ``generate()`` on a lazy model comes
+    here too where it can (hf_generate.py).
 
     >>> import torch, transformers, lazy_torch
     >>> config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
@@ -204,6 +206,8 @@ def generate(
     rules = []
     if repetition_penalty != 1.0:
         rules.append(_rules.repetition_penalty(repetition_penalty))
+    if no_repeat_ngram_size:
+        rules.append(_rules.no_repeat_ngram(no_repeat_ngram_size))
     eos = None
     if eos_token_id is not None:
         eos = _rules.ids_tensor(eos_token_id, target_device(model, input_ids))

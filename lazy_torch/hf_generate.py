@@ -63,14 +63,25 @@ def _min_new_tokens(processor: Any, device: torch.device) -> rules.Rule:
     return rules.eos_barred(rules.ids_tensor(processor.eos_token_id, device), below)
 
 
+def _forced_eos(processor: Any, device: torch.device) -> rules.Rule:
+    eos = rules.ids_tensor(processor.eos_token_id, device)
+    return rules.forced_eos(eos, processor.max_length - 1)
+
+
+def _no_repeat_ngram(processor: Any, device: torch.device) -> rules.Rule:
+    return rules.no_repeat_ngram(processor.ngram_size)
+
+
+# Processors that read the scores alone (never the sequence or its length): called as they are.
+_SCORES_ONLY = """TemperatureLogitsWarper TopKLogitsWarper TopPLogitsWarper MinPLogitsWarper
+    TypicalLogitsWarper EpsilonLogitsWarper LogitNormalization InfNanRemoveLogitsProcessor"""
 _PROCESSORS: dict[str, Callable[[Any, torch.device], rules.Rule | None]] = {
-    "TemperatureLogitsWarper": _scores_only,
-    "TopKLogitsWarper": _scores_only,
-    "TopPLogitsWarper": _scores_only,
-    "MinPLogitsWarper": _scores_only,
+    **dict.fromkeys(_SCORES_ONLY.split(), _scores_only),
     "RepetitionPenaltyLogitsProcessor": _penalty,
+    "NoRepeatNGramLogitsProcessor": _no_repeat_ngram,
     "MinLengthLogitsProcessor": _min_length,
     "MinNewTokensLengthLogitsProcessor": _min_new_tokens,
+    "ForcedEOSTokenLogitsProcessor": _forced_eos,
 }
 _CRITERIA = ("MaxLengthCriteria", "EosTokenCriteria")
 # The model arguments transformers prepares that the loop takes over; any other one, given a

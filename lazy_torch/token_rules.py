@@ -45,9 +45,7 @@ def eos_barred(eos: torch.Tensor, below: int) -> Rule:
     tokens."""
 
     def rule(scores: torch.Tensor, length: Any, ids: torch.Tensor) -> torch.Tensor:
-        vocab = torch.arange(scores.shape[-1], device=scores.device)
-        ends = (vocab == eos[:, None]).any(0)
-        return scores.masked_fill(ends & (length < below), float("-inf"))
+        return scores.masked_fill(_eos_mask(eos, scores) & (length < below), float("-inf"))
 
     return rule
 
@@ -77,3 +75,38 @@ def pick(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
     # The Gumbel-max trick: argmax(scores + Gumbel noise) is a draw from softmax(scores).
     uniform = torch.rand(scores.shape, device=scores.device).clamp_(1e-20, 1.0)
     return (scores - torch.log(-torch.log(uniform))).argmax(-1)
+
+
+def _eos_mask(eos: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    return (torch.arange(scores.shape[-1], device=scores.device) == eos[:, None]).any(0)
+
+
+def forced_eos(eos: torch.Tensor, at: int) -> Rule:
+    """Only ``eos`` tokens (score 0, every other one -inf) once the sequence is ``at`` long."""
+
+    def rule(scores: torch.Tensor, length: Any, ids: torch.Tensor) -> torch.Tensor:
+        forced = torch.zeros_like(scores).masked_fill(~_eos_mask(eos, scores), float("-inf"))
+        now = torch.as_tensor(length == at, device=scores.device)
+        return torch.where(now, forced, scores)
+
+    return rule
+
+
+def no_repeat_ngram(n: int) -> Rule:
+    """No token that would repeat an ``n``-gram of the sequence: where the last ``n - 1`` tokens
+    occurred before, the token that followed them there is barred."""
+
+    def rule(scores: torch.Tensor, length: Any, ids: torch.Tensor) -> torch.Tensor:
+        vocab, span = scores.shape[-1], ids.shape[1]
+        if span < n:
+            return scores
+        grams = ids.unfold(1, n, 1)  # (batch, span - n + 1, n): the n-gram at each start
+        tail = torch.arange(n - 1, device=ids.device) + (length - n + 1)
+        last = ids.index_select(1, tail.clamp(min=0))  # the last n - 1 tokens
+        starts = torch.arange(span - n + 1, device=ids.device)
+        match = (grams[..., :-1] == last[:, None]).all(-1) & (starts <= length - n)
+        barred = grams[..., -1].clamp(max=vocab).masked_fill(~match, vocab)
+        hit = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.bool, device=ids.device)
+        return scores.masked_fill(hit.scatter(1, barred, True)[:, :vocab], float("-inf"))
+
+    return rule

@@ -61,7 +61,8 @@ SETTINGS = [
     dict(cache_implementation="static"),
     dict(use_cache=False, min_new_tokens=4),
     dict(min_length=12, repetition_penalty=1.5),
-    dict(eos_token_id=[5, 9, 0], pad_token_id=63, no_repeat_ngram_size=0),
+    dict(eos_token_id=[5, 9, 0], pad_token_id=63, forced_eos_token_id=7),
+    dict(no_repeat_ngram_size=2, renormalize_logits=True, remove_invalid_values=True),
 ]
 
 
@@ -86,11 +87,16 @@ def test_eos_stops_every_row_where_eager_stops():
     model, lazy, _ = _pair()
     ids = torch.randint(1, 64, (2, 4), generator=torch.Generator().manual_seed(2))
     free = _generate(model, ids, max_new_tokens=12, min_new_tokens=12)
+    outs = []
     for eos in (int(free[0, 6]), [int(free[0, 6]), int(free[1, 5])]):
-        expected = _generate(model, ids, max_new_tokens=12, eos_token_id=eos, pad_token_id=63)
-        got = _generate(lazy, ids, max_new_tokens=12, eos_token_id=eos, pad_token_id=63)
-        assert torch.equal(got, expected)
-    assert expected.shape[1] < 16  # both rows ended early
+        for least in (0, 4):  # EOS barred before 4 new tokens: row 0 goes on
+            kwargs = dict(max_new_tokens=12, eos_token_id=eos, pad_token_id=63)
+            expected = _generate(model, ids, min_new_tokens=least, **kwargs)
+            got = _generate(lazy, ids, min_new_tokens=least, **kwargs)
+            assert torch.equal(got, expected)
+            outs.append(expected)
+    assert outs[2].shape[1] < 16  # both rows ended early
+    assert not torch.equal(outs[0][0, :7], outs[1][0, :7])
 
 
 def test_left_padded_prompts_and_other_decoders_equal_eager():
@@ -127,12 +133,13 @@ def test_sampling_follows_transformers_warpers_and_the_seed():
     for narrow in (dict(top_k=1), dict(top_k=0, top_p=1e-6), dict(top_k=0, min_p=0.999)):
         assert torch.equal(_generate(lazy, ids, **flat, **narrow), greedy), narrow
     draws = []
-    for seed in (7, 7, 8):
+    for seed, narrow in ((7, {}), (7, {}), (8, {}), (7, dict(typical_p=0.9, epsilon_cutoff=1e-4))):
         torch.manual_seed(seed)
         calls.n = 0
-        draws.append(_generate(lazy, ids, **flat, top_k=0))
+        draws.append(_generate(lazy, ids, **flat, top_k=0, **narrow))
         assert calls.n == 2
     assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    assert not torch.equal(draws[0], draws[3])  # the same draws, other warpers
     assert not torch.equal(draws[0], greedy) and int(draws[0].max()) < 64
 
 
