@@ -1,7 +1,8 @@
-"""Generation speed: transformers' greedy ``generate()`` with a static KV cache ("static"; the
-same with the model ``lazy_torch.compile``d, "compiled": each decoding step replays one capture),
-and ``lazy_torch.generate`` ("helper"), on device='lazy' against eager PyTorch on
-``--eager-device``.
+"""Generation speed: transformers' greedy ``generate()`` with a static KV cache ("static": on
+device 'lazy' it decodes as one in-graph loop, lazy_torch/hf_generate.py; "loop": the same with
+transformers' own Python loop, ``LAZY_HF_GENERATE=0``, on the model ``lazy_torch.compile``d, so
+each decoding step replays one capture), and ``lazy_torch.generate`` ("helper"), on device='lazy'
+against eager PyTorch (transformers' loop) on ``--eager-device``.
 
 PYTHONPATH=. python benchmarks/generation_speed.py [--size tiny|124m] [--dtype bfloat16]
     [--batch 1,8] [--tokens 100] [--prompt 32] [--repeats 3] [--eager-device cpu|cuda]
@@ -29,6 +30,7 @@ import torch
 import transformers
 
 import lazy_torch
+import runtime
 
 SIZES = {"tiny": (2, 64, 4, 256), "124m": (12, 768, 12, 50257)}  # layers, width, heads, vocab
 
@@ -49,9 +51,13 @@ def _generate(program: str, model, ids: torch.Tensor, tokens: int) -> torch.Tens
             return lazy_torch.generate(model, ids, tokens).cpu()
         kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
         mask = torch.ones_like(ids)
-        return model.generate(
-            ids, attention_mask=mask, cache_implementation="static", **kwargs
-        ).cpu()
+        routed, runtime.config.HF_GENERATE = runtime.config.HF_GENERATE, program != "loop"
+        try:
+            return model.generate(
+                ids, attention_mask=mask, cache_implementation="static", **kwargs
+            ).cpu()
+        finally:
+            runtime.config.HF_GENERATE = routed
 
 
 def _timed(program: str, model, ids: torch.Tensor, tokens: int) -> tuple[float, torch.Tensor]:
@@ -98,7 +104,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eager-device", default="cpu")
-    parser.add_argument("--programs", default="static,compiled,helper")
+    parser.add_argument("--programs", default="static,loop,helper")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     eager = _model(args.size, dtype, args.eager_device)
@@ -117,7 +123,7 @@ def main() -> None:
         on_lazy = prompt.to("lazy")
         lazy_torch.mark_step()  # device data, as a program's input would be
         for program in args.programs.split(","):
-            model = compiled if program == "compiled" else lazy
+            model = compiled if program == "loop" else lazy
             runs.append((program, model, on_lazy, True))
         base, *lazies = measure(runs, args)
         for (program, *_), got in zip(runs[1:], lazies):

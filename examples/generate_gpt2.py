@@ -3,9 +3,9 @@ downloaded) on device='lazy', greedy and sampled, against eager PyTorch on the C
 
 Prints, per run: lazy's tokens per second in a third call (the first one compiles: its time is
 printed too), the compiles and the syncs of the three calls, eager's tokens per second, and whether
-greedy tokens equal eager's. ``lazy_torch.generate`` decodes every token inside one in-graph
-loop against a static KV cache. The last run is transformers' own ``generate()`` with a static
-KV cache on a ``lazy_torch.compile``d model: each decoding step replays one capture.
+greedy tokens equal eager's. transformers' own ``model.generate()`` on device 'lazy' decodes
+every token inside one in-graph loop against a static KV cache (lazy_torch/hf_generate.py);
+``lazy_torch.generate``, the last run, is that loop called directly.
 
 python examples/generate_gpt2.py                           # tiny config, 100 new tokens
 python examples/generate_gpt2.py --size 124m --tokens 50   # GPT-2 124M's shapes
@@ -89,27 +89,22 @@ def main() -> None:
     args = parser.parse_args()
     eager = _model(args.size)
     lazy = _model(args.size).to("lazy")
-    compiled = lazy_torch.compile(_model(args.size).to("lazy"))
     vocab = eager.config.vocab_size
     prompt = torch.randint(1, vocab, (args.batch, args.prompt), generator=torch.Generator())
     n = args.tokens
+    given = dict(max_new_tokens=n, min_new_tokens=n)
     runs = {
-        "greedy": lambda: lazy_torch.generate(lazy, prompt, n),
-        "sampled (top-k 50)": lambda: lazy_torch.generate(
-            lazy, prompt, n, do_sample=True, top_k=50
-        ),
-        "static, compiled": lambda: compiled.generate(
-            prompt.to("lazy"), max_new_tokens=n, min_new_tokens=n, cache_implementation="static"
-        ),
+        "generate() greedy": lambda: lazy.generate(prompt, **given),
+        "generate() sampled": lambda: lazy.generate(prompt, **given, do_sample=True, top_k=50),
+        "lazy_torch.generate": lambda: lazy_torch.generate(lazy, prompt, n),
     }
     for name, generate in runs.items():
-        sample = name.startswith("sampled")
-        cache = "static" if name.startswith("static") else None
-        expected, e = eager_run(eager, prompt, n, sample, cache)
+        sample = name.endswith("sampled")
+        expected, e = eager_run(eager, prompt, n, sample, None)
         got, lz = lazy_run(generate, prompt, n)
         same = f", tokens equal eager's: {torch.equal(got, expected)}" if not sample else ""
         print(
-            f"{name:18s} lazy {lz['tokens_per_s']:8.1f} tokens/s (first call {lz['cold_s']:.2f} s; "
+            f"{name:19s} lazy {lz['tokens_per_s']:8.1f} tokens/s (first call {lz['cold_s']:.2f} s; "
             f"all calls: compiles {lz['compiles']}, syncs {lz['syncs']}); "
             f"eager {e['tokens_per_s']:8.1f} tokens/s{same}"
         )
