@@ -60,6 +60,11 @@ class _Slot:
     __slots__ = ()
 
 
+class SyncInBody(RuntimeError):
+    """A branch or loop body asked the device for a value while being traced (``.item()``, a
+    data-dependent shape, an op run on the CPU): it is no pure tensor program."""
+
+
 class _NoSync:
     """Stands in for ``lazy_torch.compile``'s watcher while a body is traced: any sync raises."""
 
@@ -67,7 +72,7 @@ class _NoSync:
         self.what = what
 
     def on_sync(self, storages: list, cause: str) -> None:
-        raise RuntimeError(
+        raise SyncInBody(
             f"{self.what} on lazy tensors: a branch or body must be a pure tensor program, but "
             f"it syncs ({cause}) at {user_site()}; compute the value outside the body or pass "
             "it as an operand"

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 import runtime
-from lazy_torch import generation, sites
+from lazy_torch import control_flow, generation, sites
 from lazy_torch import token_rules as rules
 
 # transformers' logits processors with an in-graph rule, by class name: the rule for an instance
@@ -105,8 +105,9 @@ def _plan(model: Any, input_ids: Any, processors: Any, criteria: Any, config: An
         return "it streams tokens" if streamer is not None else "synced_gpus is set"
     if config.return_dict_in_generate:
         return "return_dict_in_generate asks for per-token outputs"
-    if config.prefill_chunk_size is not None or getattr(config, "is_assistant", False):
-        return "it prefills in chunks" if config.prefill_chunk_size else "it is an assistant"
+    chunks = getattr(config, "prefill_chunk_size", None)
+    if chunks is not None or getattr(config, "is_assistant", False):
+        return "it prefills in chunks" if chunks is not None else "it is an assistant"
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         return "its input is not a (batch, length) tensor"
     extra = sorted(k for k, v in kwargs.items() if k not in _ARGUMENTS and v is not None)
@@ -145,7 +146,7 @@ def _plan(model: Any, input_ids: Any, processors: Any, criteria: Any, config: An
         rules=made,
         do_sample=bool(config.do_sample),
         eos=torch.cat(eos) if eos else None,
-        pad=config._pad_token_tensor,
+        pad=getattr(config, "_pad_token_tensor", None),
         attention_mask=kwargs.get("attention_mask"),
         position_ids=positions,
         use_cache=None if kwargs.get("use_cache", True) else False,
@@ -153,6 +154,24 @@ def _plan(model: Any, input_ids: Any, processors: Any, criteria: Any, config: An
 
 
 _warned: set[str] = set()
+
+
+def _warn(reason: str) -> None:
+    """Once per reason, at the user's line (outside transformers)."""
+    if reason in _warned:
+        return
+    _warned.add(reason)
+    import transformers
+
+    site = sites.user_site(also=(os.path.dirname(transformers.__file__) + os.sep,))
+    path, _, line = site.rpartition(":")
+    warnings.warn_explicit(
+        f"lazy_torch: transformers' generate() runs its Python loop, a graph and a sync a "
+        f"token, as {reason} (lazy_torch/hf_generate.py)",
+        UserWarning,
+        path or site,
+        int(line) if line.isdigit() else 0,
+    )
 
 
 def _on_lazy(model: Any, input_ids: Any) -> bool:
@@ -188,19 +207,13 @@ def install(utils: Any) -> None:
             given.get("streamer"), dict(given.get("model_kwargs", {})),
         )  # fmt: skip
         if isinstance(plan, str):
-            if plan not in _warned:
-                _warned.add(plan)
-                site = sites.user_site(also=(os.path.dirname(transformers.__file__) + os.sep,))
-                path, _, line = site.rpartition(":")
-                warnings.warn_explicit(
-                    f"lazy_torch: transformers' generate() runs its Python loop, a graph and a "
-                    f"sync a token, as {plan} (lazy_torch/hf_generate.py)",
-                    UserWarning,
-                    path or site,
-                    int(line) if line.isdigit() else 0,
-                )
+            _warn(plan)
             return original(*args, **kwargs)
-        return generation.decode(model, input_ids, **plan)
+        try:
+            return generation.decode(model, input_ids, **plan)
+        except control_flow.SyncInBody as error:  # nothing was written: transformers' loop
+            _warn(f"its model syncs inside a loop body: {error}")
+            return original(*args, **kwargs)
 
     _sample._lazy_route = True
     mixin._sample = _sample

@@ -184,6 +184,27 @@ def test_what_has_no_in_graph_rule_runs_transformers_loop_with_one_warning(monke
     assert calls.n == 6
 
 
+class _Reads(transformers.GPT2LMHeadModel):  # asks the device for a value in its forward
+    def forward(self, input_ids=None, **kwargs):
+        if int(input_ids.max()) < 0:  # never: a sync, which a loop body cannot run
+            raise AssertionError
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+def test_a_model_that_syncs_in_its_forward_runs_transformers_loop():
+    def make() -> _Reads:
+        torch.manual_seed(0)
+        return _Reads(_gpt2().config).eval()
+
+    model, lazy, calls = _pair(make)
+    ids = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(4))
+    plain = dict(max_new_tokens=6, min_new_tokens=6)
+    with pytest.warns(UserWarning, match="syncs inside a loop body"):
+        got = _generate(lazy, ids, **plain)
+    assert torch.equal(got, _generate(model, ids, **plain))
+    assert calls.n == 2 + 6  # the prefill and the failed trace, then transformers' loop
+
+
 class _Quiet(BaseStreamer):
     def put(self, value) -> None:
         pass
