@@ -76,14 +76,23 @@ def bucket_length(total: int, limit: int | None) -> int:
     return length
 
 
-def _static_cache(model: Any, length: int) -> Any:
+def _static_cache(model: Any, length: int, device: torch.device) -> Any:
     """A transformers ``StaticCache`` of ``length`` positions for ``model``, or None where the
     model cannot decode against one."""
     if not getattr(model, "_can_compile_fullgraph", False) or not hasattr(model, "config"):
         return None
     from transformers import StaticCache
 
-    return StaticCache(config=model.config, max_cache_len=length)
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    for layer in getattr(cache, "layers", ()):
+        # Each layer's counter starts as a CPU tensor, moved at its first write: a transfer a
+        # layer. A fill on the device instead is part of the prefill's program.
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor) and counter.device.type == "cpu":
+            layer.cumulative_length = torch.full(
+                counter.shape, counter.item(), dtype=counter.dtype, device=device
+            )
+    return cache
 
 
 def _decoders(
@@ -99,13 +108,14 @@ def _decoders(
     the attention mask of the whole buffer (0 at a prompt's padding), or None; ``positions``:
     the prompt's position ids, or None."""
     batch, length = ids.shape
-    cache = None if use_cache is False else _static_cache(model, length)
+    cache = None if use_cache is False else _static_cache(model, length, ids.device)
     if use_cache and cache is None:
         raise ValueError(
             f"generate: use_cache=True needs a transformers model that supports a static KV "
             f"cache; {type(model).__name__} does not"
         )
-    last = torch.tensor([prompt - 1], device=ids.device)
+    # Fills, not transfers: their numbers are parameters of the program, as a transfer's would be.
+    last = torch.full((1,), prompt - 1, device=ids.device)
     # The mask and the positions, given to a model that takes them, as transformers' generate()
     # gives them: left to itself, a model may count them from the cache's length, a value read
     # on the host (OPT). Positions go on by one a token from the prompt's last.
@@ -288,7 +298,7 @@ def decode(
         _sync.mark_step()  # the prefill: a program of its own, so the loop's serves every prompt
         if max_new_tokens == 1:
             return ids[:, :total]
-        last = torch.tensor(total - 1, device=device)  # data: one loop for any token count
+        last = torch.full((), total - 1, device=device)  # data: one loop for any token count
 
         def more(pos: torch.Tensor, token: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
             return (pos < last) & ~finished.all()
@@ -298,7 +308,7 @@ def decode(
             ids.index_copy_(1, (pos + 1).reshape(1), token[:, None])  # the loop carries ids
             return pos + 1, token, finished
 
-        start = (torch.tensor(prompt, device=device), token, finished)
+        start = (torch.full((), prompt, device=device), token, finished)
         # The operator itself: torch's wrapper compiles it with TorchDynamo in torch 2.11
         pos, _, _ = while_loop_op(more, body, start, ())
         _sync.mark_step()

@@ -78,7 +78,7 @@ def evaluate(graph: Graph, device_index: int, cause: str, site: str) -> tuple | 
     if plan is None:
         return None
     outputs = tuple(
-        runtime.to_device(to_numpy(_tensor(values[i], plan[i])), device_index, dtype=plan[i][2])
+        runtime.stage(to_numpy(_tensor(values[i], plan[i])), device_index, dtype=plan[i][2])
         for i in graph.outputs()
     )
     seconds = time.perf_counter() - start

@@ -72,9 +72,10 @@ for _name in _FACTORIES:
     _lib.impl(_name, _factory(getattr(getattr(aten, _packet), _overload or "default")), "Lazy")
 
 
-@special(aten.detach.default, aten.alias.default, plan=SHARE)  # C does the same
-def _share(func, args, kwargs):
-    # Identity views share the storage: a write through either is seen by both.
+@special(aten.detach.default, aten.alias.default, aten.lift_fresh.default, plan=SHARE)
+def _share(func, args, kwargs):  # C does the same
+    # Identity views share the storage: a write through either is seen by both. lift_fresh
+    # (torch.tensor's data, made for it) too: its value stays the transferred data, not an op.
     t = args[0]
     return wrap(t._lazy, t._meta)
 

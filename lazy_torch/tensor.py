@@ -206,8 +206,11 @@ def from_cpu(
     laid out as ``placement`` over a mesh where one is given (runtime/spmd.py). With ``parts``,
     ``t`` is this process's part of a value split over several processes' devices."""
     name = dtype_name(t.dtype)
-    sharding = None if placement is None else runtime.spmd.sharding_of(placement)
-    buffer = runtime.to_device(to_numpy(t), device, name, sharding, parts)
+    if placement is None and not parts:  # a small value waits on the host for a program
+        buffer = runtime.stage(to_numpy(t), device, name)
+    else:
+        sharding = None if placement is None else runtime.spmd.sharding_of(placement)
+        buffer = runtime.to_device(to_numpy(t), device, name, sharding, parts)
     storage = Storage(data_leaf(buffer, name, tuple(buffer.shape)), device)
     storage.placement = placement
     return storage

@@ -1,7 +1,15 @@
 """Runtime: cut graph -> StableHLO -> cached XLA executable; device buffers, transfers, metrics."""
 
 from runtime import config, metrics, processes, spmd
-from runtime.device import device, devices, global_devices, platform_of, to_device, to_host
+from runtime.device import (
+    device,
+    devices,
+    global_devices,
+    platform_of,
+    stage,
+    to_device,
+    to_host,
+)
 from runtime.executor import (
     GraphError,
     check_errors,
@@ -51,6 +59,7 @@ __all__ = [
     "set_cache_dir",
     "spmd",
     "stablehlo_text",
+    "stage",
     "to_device",
     "to_host",
     "wait_device_ops",

@@ -86,14 +86,42 @@ class Deferred:
         return f"Deferred(output {self.index}, {state})"
 
 
+class Staged:
+    """A small host array bound for a device: the payload of a device-data leaf that no program
+    has taken yet. ``resolve`` uploads it once (``put``); a read gets ``host`` itself, so a
+    value that travels from the host to be read back (an input check's flag, a token id) never
+    travels."""
+
+    __slots__ = ("buffer", "host", "put")
+
+    def __init__(self, host: Any, put: Callable[[], Any]) -> None:
+        self.host = host  # read-only: readers copy it
+        self.put = put
+        self.buffer: Any = None
+
+    @property
+    def shape(self) -> tuple:
+        return self.host.shape
+
+    def __repr__(self) -> str:
+        where = "uploaded" if self.buffer is not None else "on the host"
+        return f"Staged({self.host.dtype}{list(self.host.shape)}, {where})"
+
+
 def resolve(value: Any) -> Any:
-    """The device buffer behind a payload: waits for a ``Deferred`` one's launch.
+    """The device buffer behind a payload: waits for a ``Deferred`` one's launch, uploads a
+    ``Staged`` one.
 
     >>> resolve(3)
     3
     """
-    if type(value) is Deferred:
+    kind = type(value)
+    if kind is Deferred:
         return value.launch.wait()[value.index]
+    if kind is Staged:
+        if value.buffer is None:
+            value.buffer = value.put()
+        return value.buffer
     return value
 
 

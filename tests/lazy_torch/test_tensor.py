@@ -292,9 +292,38 @@ def test_format_matches_eager():
                 format(lazy, ">8")
 
 
+def test_small_host_values_travel_when_a_program_takes_them():
+    # A small copy to the device is staged: it is uploaded at the first program that takes it,
+    # and read back from the host copy; in-place writes and donated buffers keep the values.
+    counters = runtime.metrics.counters
+    up, down = counters().get("transfers_to_device", 0), counters().get("transfers_from_device", 0)
+    x = torch.tensor([1.0, 2.0, 3.0], device="lazy")
+    flag = torch.tensor(True).to("lazy")
+    assert x.cpu().tolist() == [1.0, 2.0, 3.0] and flag.cpu().item() is True
+    assert counters().get("transfers_to_device", 0) == up  # made and read on the host only
+    assert counters().get("transfers_from_device", 0) == down
+    y = x * 2
+    x.add_(1)
+    lazy_torch.mark_step()
+    assert counters().get("transfers_to_device", 0) == up + 1  # the step took x
+    count = torch.tensor(0, device="lazy")
+    for _ in range(3):  # written in place each step: its buffer is donated to the next
+        count.add_(1)
+        lazy_torch.mark_step()
+    assert y.tolist() == [2.0, 4.0, 6.0] and x.tolist() == [2.0, 3.0, 4.0]
+    assert int(count) == 3
+    big = torch.arange(1000.0).to("lazy")  # larger values start their copy at once
+    assert counters().get("transfers_to_device", 0) >= up + 3
+    assert torch.equal(big.cpu(), torch.arange(1000.0))
+
+
 def test_empty_host_tensors_reach_the_device_without_a_transfer():
     # transformers' DynamicCache makes torch.tensor([], device=...) twice per layer per step.
-    before = runtime.metrics.counters().get("transfers_to_device", 0)
+    def moved() -> int:  # host-to-device copies, made or staged for a program to take
+        counters = runtime.metrics.counters()
+        return counters.get("transfers_to_device", 0) + counters.get("staged_to_device", 0)
+
+    before = moved()
     made = [
         torch.tensor([], device="lazy"),
         torch.tensor([], dtype=torch.bfloat16, device="lazy"),
@@ -302,7 +331,7 @@ def test_empty_host_tensors_reach_the_device_without_a_transfer():
         torch.ones(2, 0, device="lazy").copy_(torch.ones(0)),
     ]
     lazy_torch.mark_step()
-    assert runtime.metrics.counters().get("transfers_to_device", 0) == before
+    assert moved() == before
     expected = [torch.tensor([]), torch.tensor([], dtype=torch.bfloat16),
                 torch.empty(0, 3, dtype=torch.int64), torch.ones(2, 0)]  # fmt: skip
     for got, want in zip(made, expected):
