@@ -17,6 +17,19 @@ def mlp() -> nn.Module:
     )
 
 
+def tiny_gpt2() -> nn.Module:
+    """A transformers GPT-2 of random weights (seeded) whose greedy tokens vary, for generation
+    tests: 2 layers, width 32, vocabulary 64, 128 positions, token 0 for BOS, EOS and padding."""
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=128, initializer_range=0.3,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
 class SmallCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -9,15 +9,7 @@ import transformers
 
 import lazy_torch
 from lazy_torch.generation import bucket_length
-
-
-def _model() -> transformers.GPT2LMHeadModel:
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=128, initializer_range=0.3,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(config).eval()
+from tests.lazy_torch.models import tiny_gpt2
 
 
 def _count(prefix: str) -> int:
@@ -35,7 +27,7 @@ def test_greedy_tokens_equal_transformers_in_one_loop_for_any_length():
     import runtime
 
     runtime.executor.drop_cache()  # other tests' graphs of this model
-    model, lazy = _model(), _model().to("lazy")
+    model, lazy = tiny_gpt2(), tiny_gpt2().to("lazy")
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(1))
     for use_cache in (None, False):
         compiles = []
@@ -53,7 +45,7 @@ def test_greedy_tokens_equal_transformers_in_one_loop_for_any_length():
 
 
 def test_a_compiled_model_decodes_inside_the_loop():
-    model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
+    model, lazy = tiny_gpt2(), lazy_torch.compile(tiny_gpt2().to("lazy"))
     prompt = torch.randint(1, 64, (1, 4), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         expected = model.generate(prompt, max_new_tokens=7, min_new_tokens=7)
@@ -64,7 +56,7 @@ def test_a_compiled_model_decodes_inside_the_loop():
 
 
 def test_eos_stops_as_transformers_stops_with_one_read():
-    model, lazy = _model(), _model().to("lazy")
+    model, lazy = tiny_gpt2(), tiny_gpt2().to("lazy")
     prompt = torch.randint(1, 64, (2, 4), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         free = model.generate(prompt, max_new_tokens=12, min_new_tokens=12)
@@ -123,7 +115,7 @@ def test_other_decoders_with_a_static_cache_equal_transformers(kind):
 
 
 def test_left_padded_prompts_with_an_attention_mask_equal_transformers():
-    model, lazy = _model(), _model().to("lazy")
+    model, lazy = tiny_gpt2(), tiny_gpt2().to("lazy")
     ids = torch.randint(1, 64, (3, 6), generator=torch.Generator().manual_seed(8))
     mask = torch.ones_like(ids)
     mask[0, :2] = mask[2, :4] = 0
@@ -140,7 +132,7 @@ def test_left_padded_prompts_with_an_attention_mask_equal_transformers():
 
 
 def test_sampling_draws_anew_each_token_from_the_lazy_generator():
-    lazy = _model().to("lazy")
+    lazy = tiny_gpt2().to("lazy")
     prompt = torch.tensor([[3, 4, 5]])
     lazy_torch.manual_seed(7)
     a = lazy_torch.generate(lazy, prompt, max_new_tokens=6, do_sample=True, top_k=1).cpu()
@@ -177,9 +169,9 @@ def test_bucket_lengths_and_bad_input():
     assert [bucket_length(n, None) for n in (1, 2, 3, 16, 17)] == [1, 2, 4, 16, 32]
     assert bucket_length(100, 128) == 128 and bucket_length(70, 100) == 100
     with pytest.raises(ValueError, match="exceed the model's 128 positions"):
-        lazy_torch.generate(_model().to("lazy"), torch.ones(1, 100, dtype=torch.long), 40)
+        lazy_torch.generate(tiny_gpt2().to("lazy"), torch.ones(1, 100, dtype=torch.long), 40)
     with pytest.raises(ValueError, match=r"\(batch, length\)"):
-        lazy_torch.generate(_model().to("lazy"), torch.ones(5, dtype=torch.long), 4)
+        lazy_torch.generate(tiny_gpt2().to("lazy"), torch.ones(5, dtype=torch.long), 4)
     with pytest.raises(ValueError, match="logits for 1 of 8 positions"):
         lazy_torch.generate(_LastLogits().to("lazy"), torch.ones(1, 3, dtype=torch.long), 4)
     with pytest.raises(ValueError, match="use_cache=True needs a transformers model"):
@@ -196,7 +188,7 @@ def test_transformers_generate_with_a_static_cache_compiles_as_many_graphs_for_a
     import runtime
 
     monkeypatch.setattr(runtime.config, "HF_GENERATE", False)
-    model, lazy = _model(), _model().to("lazy")
+    model, lazy = tiny_gpt2(), tiny_gpt2().to("lazy")
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(3))
     compiles = []
     for tokens in (6, 17):
@@ -219,7 +211,7 @@ def test_transformers_generate_with_a_static_cache_replays_a_compiled_model(monk
     import runtime
 
     monkeypatch.setattr(runtime.config, "HF_GENERATE", False)
-    model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
+    model, lazy = tiny_gpt2(), lazy_torch.compile(tiny_gpt2().to("lazy"))
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(4))
     captures, compiles = [], []
     for tokens in (6, 6, 6, 6):
@@ -252,7 +244,7 @@ def test_transformers_generate_on_a_compiled_model_compiles_three_graphs_then_no
     monkeypatch.setattr(runtime.config, "HOST_READS", True)
     monkeypatch.setattr(runtime.spmd, "_active", [False])  # an earlier test's mesh: none here
     runtime.executor.drop_cache()  # the graphs of other tests of this model
-    model, lazy = _model(), lazy_torch.compile(_model().to("lazy"))
+    model, lazy = tiny_gpt2(), lazy_torch.compile(tiny_gpt2().to("lazy"))
     prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(5))
     compiles = []
     for tokens in (6, 6, 4):  # one cache length: 5 + 6

@@ -12,15 +12,7 @@ from transformers.generation.streamers import BaseStreamer
 import lazy_torch
 import runtime
 from lazy_torch import hf_generate
-
-
-def _gpt2() -> transformers.GPT2LMHeadModel:
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=128, initializer_range=0.3,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(config).eval()
+from tests.lazy_torch.models import tiny_gpt2
 
 
 def _count(prefix: str) -> int:
@@ -39,7 +31,7 @@ class _Calls:
         self.n += 1
 
 
-def _pair(make=_gpt2) -> tuple:
+def _pair(make=tiny_gpt2) -> tuple:
     model, lazy = make(), make().to("lazy")
     return model, lazy, _Calls(lazy)
 
@@ -194,7 +186,7 @@ class _Reads(transformers.GPT2LMHeadModel):  # asks the device for a value in it
 def test_a_model_that_syncs_in_its_forward_runs_transformers_loop():
     def make() -> _Reads:
         torch.manual_seed(0)
-        return _Reads(_gpt2().config).eval()
+        return _Reads(tiny_gpt2().config).eval()
 
     model, lazy, calls = _pair(make)
     ids = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(4))
