@@ -57,10 +57,9 @@ def repetition_penalty(penalty: float, start: int = 0) -> Rule:
     def rule(scores: torch.Tensor, length: Any, ids: torch.Tensor) -> torch.Tensor:
         vocab = scores.shape[-1]
         span = torch.arange(ids.shape[1], device=ids.device)
-        seen = ids.clamp(max=vocab).masked_fill((span >= length) | (span < start), vocab)
-        hit = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.bool, device=ids.device)
-        hit = hit.scatter(1, seen, True)[:, :vocab]
-        return torch.where(hit, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+        seen = _marked(ids, (span >= length) | (span < start), vocab)
+        penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
+        return torch.where(seen, penalized, scores)
 
     return rule
 
@@ -75,6 +74,14 @@ def pick(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
     # The Gumbel-max trick: argmax(scores + Gumbel noise) is a draw from softmax(scores).
     uniform = torch.rand(scores.shape, device=scores.device).clamp_(1e-20, 1.0)
     return (scores - torch.log(-torch.log(uniform))).argmax(-1)
+
+
+def _marked(tokens: torch.Tensor, skipped: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``(batch, vocab)``: which tokens of each row of ``tokens`` occur where not ``skipped``
+    (ids past the vocabulary, which the model cannot choose, mark nothing)."""
+    spare = tokens.clamp(max=vocab).masked_fill(skipped, vocab)  # one column past the vocabulary
+    hit = torch.zeros(tokens.shape[0], vocab + 1, dtype=torch.bool, device=tokens.device)
+    return hit.scatter(1, spare, True)[:, :vocab]
 
 
 def _eos_mask(eos: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -105,8 +112,6 @@ def no_repeat_ngram(n: int) -> Rule:
         last = ids.index_select(1, tail.clamp(min=0))  # the last n - 1 tokens
         starts = torch.arange(span - n + 1, device=ids.device)
         match = (grams[..., :-1] == last[:, None]).all(-1) & (starts <= length - n)
-        barred = grams[..., -1].clamp(max=vocab).masked_fill(~match, vocab)
-        hit = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.bool, device=ids.device)
-        return scores.masked_fill(hit.scatter(1, barred, True)[:, :vocab], float("-inf"))
+        return scores.masked_fill(_marked(grams[..., -1], ~match, vocab), float("-inf"))
 
     return rule
