@@ -156,7 +156,7 @@ def place(value: Any, sharding: Any) -> jax.Array:
 
 def to_host(buffer: Any) -> np.ndarray:
     """Wait for ``buffer`` (a device array, or a launch's ``Deferred`` output) and copy it to the
-    host (timed with the wait). A value split over devices of several processes is gathered
+    host (timed with the wait); a ``Staged`` one's host copy, read-only, needs neither. A value split over devices of several processes is gathered
     from all of them: every process reads it at the same point of the program."""
     if type(buffer) is Staged:
         return buffer.host
