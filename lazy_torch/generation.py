@@ -266,9 +266,7 @@ def decode(
     with torch.no_grad(), compile_session():
         if eos is not None:
             eos = _rules.ids_tensor(eos, device)
-            pad = (
-                eos[0] if pad is None else torch.as_tensor(pad).to(device=device, dtype=torch.long)
-            )
+            pad = eos[0] if pad is None else _rules.ids_tensor(pad, device)[0]
         ids = torch.zeros(batch, length, dtype=torch.long, device=device)
         ids[:, :prompt] = input_ids.to(device)
 
